@@ -1,0 +1,76 @@
+"""Backoff policies: how long to wait before retry number ``n``; pure, never sleep."""
+from __future__ import annotations
+
+__all__ = ["Backoff", "Exponential", "Constant"]
+
+import random
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from .errors import ConfigurationError
+
+
+class Backoff(Protocol):
+    """A backoff policy: ``delay_ms(retry=n)`` for the n-th retry (1-based)."""
+
+    max_delay_ms: float
+
+    def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
+        """Delay before retry ``retry``."""
+
+
+def _check(name: str, value: float, *, minimum: float = 0) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum:
+        raise ConfigurationError(f"backoff {name} must be a number >= {minimum}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """``base_ms * factor**(retry-1)``, capped at ``max_delay_ms``, minus up to ``jitter`` of it.
+
+    ``jitter=0.25`` draws each delay uniformly from ``[0.75 d, d]`` so that retries of
+    messages which failed together spread out; the cap still holds.
+    """
+
+    base_ms: float = 1000
+    factor: float = 2
+    max_delay_ms: float = 3_600_000
+    jitter: float = 0
+
+    def __post_init__(self) -> None:
+        _check("base_ms", self.base_ms)
+        _check("factor", self.factor, minimum=1)
+        _check("max_delay_ms", self.max_delay_ms)
+        if not 0 <= self.jitter <= 1:
+            raise ConfigurationError(f"backoff jitter must be within 0 .. 1, got {self.jitter!r}")
+
+    def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
+        """Delay before retry ``retry`` (1-based)."""
+        if retry < 1:
+            raise ValueError(f"retry numbers start at 1, got {retry!r}")
+        try:
+            raw = self.base_ms * float(self.factor) ** (retry - 1)
+        except OverflowError:
+            raw = float("inf")
+        delay = min(raw, self.max_delay_ms)
+        return delay * (1 - self.jitter * rand())
+
+
+@dataclass(frozen=True)
+class Constant:
+    """The same delay before every retry."""
+
+    every_ms: float = 1000
+
+    def __post_init__(self) -> None:
+        _check("every_ms", self.every_ms)
+
+    @property
+    def max_delay_ms(self) -> float:
+        """The one delay this policy ever returns."""
+        return self.every_ms
+
+    def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
+        """Always ``every_ms``."""
+        return self.every_ms
+

@@ -1,0 +1,45 @@
+"""Decoding of message bodies by content type, with an accept list (pickle only if asked)."""
+from __future__ import annotations
+
+__all__ = ["accept_set", "decode", "JSON"]
+
+import json
+from typing import Any, Iterable
+
+from kombu.exceptions import ContentDisallowed
+from kombu.serialization import loads, prepare_accept_content
+
+from .errors import ConfigurationError, DecodeError
+
+JSON = "application/json"
+
+
+def accept_set(accept: Iterable[str]) -> frozenset[str]:
+    """Content types from names or MIME types (``json`` or ``application/json``), as Celery's."""
+    try:
+        return frozenset(prepare_accept_content(list(accept)))
+    except Exception as exc:  # kombu raises a bare KeyError-like SerializerNotInstalled
+        raise ConfigurationError(f"accept_content={list(accept)!r}: {exc}") from exc
+
+
+def decode(body: bytes, content_type: str | None, content_encoding: str | None, accept: frozenset[str]) -> Any:
+    """Decoded payload; a message without a content type is tried as JSON.
+
+    Raises DecodeError when the type is not accepted or the body does not parse.
+    """
+    content_type = content_type or JSON
+    if content_type == JSON and JSON in accept:
+        try:
+            return json.loads(body)
+        except (ValueError, TypeError) as exc:
+            raise DecodeError(f"body is not valid JSON: {exc}") from exc
+    if content_type not in accept:
+        raise DecodeError(
+            f"content type {content_type!r} is not accepted (accept_content: {', '.join(sorted(accept))})"
+        )
+    try:
+        return loads(body, content_type, content_encoding or "utf-8", accept=accept)
+    except ContentDisallowed as exc:
+        raise DecodeError(str(exc)) from exc
+    except Exception as exc:
+        raise DecodeError(f"body does not decode as {content_type}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,150 @@
+"""Settings of an events service: defaults, environment, Celery config, validation."""
+from __future__ import annotations
+
+__all__ = ["Settings", "resolve_settings", "broker_url", "ENV"]
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from . import ladder, names
+from .backoff import Backoff, Exponential
+from .errors import ConfigurationError
+
+#: Environment variables honoured (seed 000's names for retries and the archive).
+ENV = {
+    "max_retries": "AMQP_EVENTS_MAX_RETRIES",
+    "archive_ttl_ms": "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",
+    "archive_max_length": "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH",
+}
+
+QUEUE_TYPES = ("classic", "quorum")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything that shapes one service's topology and failure policy.
+
+    Read from, in order: keyword arguments of :class:`~kombu_events.Events`, Celery
+    settings prefixed ``kombu_events_`` (``kombu_events_max_retries``), the
+    environment variables in :data:`ENV`, then these defaults.
+    """
+
+    service: str
+    exchange: str = "events"
+    max_retries: int = 5
+    backoff: Backoff | None = None  # default: Exponential capped at 1 h or the ladder's reach
+    delay_levels: int = 16
+    delay_unit_ms: int = 1000
+    archive_ttl_ms: int = 7 * 24 * 3600 * 1000
+    archive_max_length: int = 100_000
+    prefetch_count: int = 100
+    queue_type: str = "classic"
+    accept_content: tuple[str, ...] = ("application/json",)
+    traceback_limit: int = 2000
+
+    def __post_init__(self) -> None:
+        names.validate_name("service", self.service, max_bytes=200)
+        names.validate_name("exchange", self.exchange)
+        _check_int("max_retries", self.max_retries, 0, 10_000)
+        _check_int("delay_levels", self.delay_levels, 1, 32)
+        _check_int("delay_unit_ms", self.delay_unit_ms, 1, 24 * 3600 * 1000)
+        _check_int("archive_ttl_ms", self.archive_ttl_ms, 0, 2**32 - 1)
+        _check_int("archive_max_length", self.archive_max_length, 0, 2**31 - 1)
+        _check_int("prefetch_count", self.prefetch_count, 1, 65_535)
+        _check_int("traceback_limit", self.traceback_limit, 0, 60_000)
+        if self.queue_type not in QUEUE_TYPES:
+            raise ConfigurationError(
+                f"queue_type={self.queue_type!r} is not one of {', '.join(QUEUE_TYPES)}"
+            )
+        if isinstance(self.accept_content, str) or not self.accept_content:
+            raise ConfigurationError(
+                f"accept_content must be a non-empty list of content types, got {self.accept_content!r}"
+            )
+        if self.backoff is None:
+            object.__setattr__(self, "backoff", Exponential(max_delay_ms=min(3_600_000, self.max_delay_ms)))
+        self.check_delay("backoff max_delay_ms", self.backoff.max_delay_ms)
+
+    @property
+    def max_queue_bytes(self) -> int:
+        """Longest handler queue name: its ladder routing key must fit 255 bytes."""
+        return names.MAX_NAME_BYTES - 2 * self.delay_levels
+
+    @property
+    def max_delay_ms(self) -> int:
+        """Longest delay the ladder can hold."""
+        return ladder.max_delay_units(levels=self.delay_levels) * self.delay_unit_ms
+
+    def check_delay(self, setting: str, delay_ms: float) -> None:
+        """Raise ConfigurationError if ``delay_ms`` does not fit the ladder."""
+        if delay_ms != float("inf") and delay_ms <= self.max_delay_ms:
+            return
+        raise ConfigurationError(
+            f"{setting}={delay_ms:g} does not fit the delay ladder: {self.delay_levels} levels of "
+            f"{self.delay_unit_ms} ms hold at most {self.max_delay_ms} ms; lower it or raise delay_levels"
+        )
+
+
+def _check_int(setting: str, value: Any, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigurationError(f"{setting} must be an integer within {low} .. {high}, got {value!r}")
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for setting, variable in ENV.items():
+        raw = environ.get(variable)
+        if raw is None or raw == "":
+            continue
+        try:
+            found[setting] = int(raw)
+        except ValueError:
+            raise ConfigurationError(f"{variable}={raw!r} (setting {setting}) must be an integer") from None
+    return found
+
+
+def resolve_settings(
+    service: str,
+    conf: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Build and validate :class:`Settings` from keyword overrides, Celery conf and environment."""
+    environ = os.environ if environ is None else environ
+    known = {f.name for f in fields(Settings)} - {"service"}
+    unknown = set(overrides) - known
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}"
+        )
+    values = _from_env(environ)
+    for name in known:
+        value = _conf_get(conf, f"kombu_events_{name}")
+        if value is not None:
+            values[name] = value
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if "accept_content" in values and not isinstance(values["accept_content"], str):
+        values["accept_content"] = tuple(values["accept_content"])
+    return Settings(service=service, **values)
+
+
+def _conf_get(conf: Mapping[str, Any] | None, key: str) -> Any:
+    if conf is None:
+        return None
+    try:
+        return conf.get(key)
+    except Exception:  # Celery's Settings may raise on odd keys; treat as unset.
+        return None
+
+
+def broker_url(app: Any = None, explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """Broker URL: ``explicit`` (``--broker``), else ``RABBIT_URL``, else the Celery app's."""
+    environ = os.environ if environ is None else environ
+    if explicit:
+        return explicit
+    if environ.get("RABBIT_URL"):
+        return environ["RABBIT_URL"]
+    if app is not None and app.conf.broker_url:
+        return app.conf.broker_url
+    return "amqp://guest:guest@localhost:5672//"
+

@@ -1,0 +1,83 @@
+"""Pipelined publisher confirms on one channel: publish now, act when the broker confirms.
+
+Each publish is ``mandatory``; a message the broker returns (no queue bound) or
+nacks reaches ``on_fail`` instead of ``on_ok``. Returns carry no sequence number,
+so they are matched by (exchange, routing key, message id); when several pending
+publishes match, all of them fail -- a duplicate at worst, never a loss.
+"""
+from __future__ import annotations
+
+__all__ = ["Confirmer", "RETURNED", "NACKED"]
+
+import logging
+from typing import Any, Callable
+
+from amqp import Message
+
+logger = logging.getLogger(__name__)
+
+RETURNED = "returned by the broker: no queue is bound for it"
+NACKED = "nacked by the broker"
+
+OnOk = Callable[[], Any]
+OnFail = Callable[[str], Any]
+
+
+class Confirmer:
+    """Publish with confirms on ``channel`` and call back once each publish is settled."""
+
+    def __init__(self, channel: Any) -> None:
+        self.channel = channel
+        self._seq = 0
+        self._pending: dict[int, tuple[tuple[str, str, Any], OnOk, OnFail]] = {}
+        self._returned: set[int] = set()
+        channel.confirm_select()
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
+        channel.events["basic_return"].add(self._on_return)
+
+    @property
+    def pending(self) -> int:
+        """Publishes not yet confirmed."""
+        return len(self._pending)
+
+    def publish(self, message: Message, exchange: str, routing_key: str, on_ok: OnOk, on_fail: OnFail) -> int:
+        """Publish ``message``; exactly one of ``on_ok``/``on_fail`` runs when it is settled."""
+        self._seq += 1
+        key = (exchange, routing_key, message.properties.get("message_id"))
+        self._pending[self._seq] = (key, on_ok, on_fail)
+        self.channel.basic_publish(message, exchange=exchange, routing_key=routing_key, mandatory=True)
+        return self._seq
+
+    def fail_all(self, why: str) -> None:
+        """Settle every pending publish as failed (the channel is gone)."""
+        pending, self._pending = self._pending, {}
+        self._returned.clear()
+        for _key, _ok, on_fail in pending.values():
+            on_fail(why)
+
+    def _settled(self, tag: int, multiple: bool) -> list[int]:
+        if not multiple:
+            return [tag] if tag in self._pending else []
+        return sorted(seq for seq in self._pending if seq <= tag)
+
+    def _on_ack(self, tag: int, multiple: bool) -> None:
+        for seq in self._settled(tag, multiple):
+            _key, on_ok, on_fail = self._pending.pop(seq)
+            if seq in self._returned:
+                self._returned.discard(seq)
+                on_fail(RETURNED)
+            else:
+                on_ok()
+
+    def _on_nack(self, tag: int, multiple: bool) -> None:
+        for seq in self._settled(tag, multiple):
+            _key, _ok, on_fail = self._pending.pop(seq)
+            self._returned.discard(seq)
+            on_fail(NACKED)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Message) -> None:
+        key = (exchange, routing_key, message.properties.get("message_id"))
+        matched = [seq for seq, (k, _ok, _fail) in self._pending.items() if k == key]
+        logger.debug("returned %s/%s (%s): matches %d pending publish(es)", exchange, routing_key, exc, len(matched))
+        self._returned.update(matched)

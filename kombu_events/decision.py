@@ -1,0 +1,72 @@
+"""The pure decision: what to do with a message given how its handler ended.
+
+The pool reports an :class:`Outcome`; :func:`decide` turns it into a
+:class:`Decision` (ack, retry after a delay, or archive with a reason); the
+consumer carries the decision out.
+"""
+from __future__ import annotations
+
+__all__ = ["Outcome", "Decision", "decide", "OK", "FAILED", "RETRY", "ARCHIVE", "UNDECODABLE", "LOST"]
+
+import random
+from typing import Callable, NamedTuple
+
+from .backoff import Backoff
+
+OK = "ok"
+FAILED = "failed"  # the handler raised an exception that may be retried
+RETRY = "retry"  # the handler raised Retry
+ARCHIVE = "archive"  # Archive, poisonous() section, dont_retry, not in retry_for
+UNDECODABLE = "undecodable"  # body or content type rejected before the handler ran
+LOST = "lost"  # the pool process died, or the message came back redelivered
+
+
+class Outcome(NamedTuple):
+    """How one attempt ended (small and picklable: it crosses the prefork pipe)."""
+
+    kind: str
+    reason: str = ""
+    exception: str = ""
+    traceback: str = ""
+    delay_ms: float | None = None
+
+
+class Decision(NamedTuple):
+    """What to do with the message: ``ack``, ``retry`` after ``delay_ms``, or ``archive``."""
+
+    action: str
+    delay_ms: float = 0
+    reason: str = ""
+
+
+ACK = Decision("ack")
+
+
+def decide(
+    outcome: Outcome,
+    *,
+    attempt: int,
+    max_retries: int,
+    backoff: Backoff,
+    max_delay_ms: float,
+    lost_delay_ms: float,
+    rand: Callable[[], float] = random.random,
+) -> Decision:
+    """Decide the fate of a message after attempt ``attempt`` (1-based) ended with ``outcome``."""
+    kind = outcome.kind
+    if kind == OK:
+        return ACK
+    if kind in (ARCHIVE, UNDECODABLE):
+        return Decision("archive", reason=outcome.reason or kind)
+    if attempt > max_retries:
+        why = outcome.reason or kind
+        return Decision("archive", reason=f"gave up after {attempt} attempts (max_retries={max_retries}): {why}")
+    if kind == LOST:
+        delay = lost_delay_ms
+    elif kind == RETRY and outcome.delay_ms is not None:
+        delay = outcome.delay_ms
+    else:
+        delay = backoff.delay_ms(retry=attempt, rand=rand)
+    if delay > max_delay_ms:
+        return Decision("archive", reason=f"retry delay {delay:g} ms exceeds the ladder's {max_delay_ms:g} ms")
+    return Decision("retry", delay_ms=delay, reason=outcome.reason or kind)

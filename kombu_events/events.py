@@ -1,0 +1,218 @@
+"""``Events``: the public surface -- register handlers, publish events, describe the topology."""
+from __future__ import annotations
+
+__all__ = ["Events", "registered"]
+
+import functools
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+from . import names
+from .backoff import Backoff
+from .codec import accept_set
+from .config import Settings, broker_url, resolve_settings
+from .errors import ConfigurationError
+from .handlers import Handler, exception_classes, validate_binding_key
+from .publisher import Publisher, build_message
+from .topology import Topology, build_topology
+
+logger = logging.getLogger(__name__)
+
+#: Every Events instance created in this process (pool processes find handlers here).
+registered: list["Events"] = []
+
+
+@dataclass
+class _Spec:
+    fn: Callable[..., Any]
+    binding_keys: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class Events:
+    """The events of one consuming service on a Celery app.
+
+    ``service`` names every queue and exchange the service owns, so it must be
+    unique per consuming service: two services bound to the same key each get
+    every event, two workers of one service share them.
+    """
+
+    def __init__(self, app: Any, service: str, *, broker: str | None = None, **settings: Any) -> None:
+        names.validate_name("service", service, max_bytes=200)
+        self.app = app
+        self.service = service
+        self._broker = broker
+        self._overrides = settings
+        self._settings: Settings | None = None
+        self._specs: list[_Spec] = []
+        self._handlers: tuple[Handler, ...] | None = None
+        self._publisher: Publisher | None = None
+        registered.append(self)
+        from .bootstep import install
+
+        install(app)
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """Resolved, validated settings (read once, on first use, so Celery config can load first)."""
+        if self._settings is None:
+            self._settings = resolve_settings(self.service, getattr(self.app, "conf", None), **self._overrides)
+        return self._settings
+
+    @property
+    def broker_url(self) -> str:
+        """Broker for publishing and the CLI: ``broker=``, ``RABBIT_URL``, then the app's ``broker_url``."""
+        return broker_url(self.app, self._broker)
+
+    @property
+    def accept(self) -> frozenset[str]:
+        """Accepted content types."""
+        return accept_set(self.settings.accept_content)
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def handler(
+        self,
+        *binding_keys: str,
+        queue: str | None = None,
+        name: str | None = None,
+        max_retries: int | None = None,
+        backoff: Backoff | None = None,
+        retry_for: Any = Exception,
+        dont_retry: Any = (),
+        bind: bool = False,
+        raw: bool = False,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: call the function for every event whose routing key matches ``binding_keys``.
+
+        The function gets the decoded payload (``raw=True``: the body bytes), or with
+        ``bind=True`` an :class:`~kombu_events.Event`. Its queue is ``<service>.<name>``
+        unless ``queue=`` names it.
+        """
+        if not binding_keys:
+            raise ConfigurationError("handler() needs at least one binding key, e.g. 'orders.*.created'")
+        keys = tuple(validate_binding_key(k) for k in binding_keys)
+        options = {
+            "queue": queue, "name": name, "max_retries": max_retries, "backoff": backoff, "bind": bind,
+            "raw": raw, "retry_for": exception_classes("retry_for", retry_for),
+            "dont_retry": exception_classes("dont_retry", dont_retry),
+        }
+        if queue is not None:
+            names.validate_name("queue", queue)
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self._specs.append(_Spec(fn, keys, options))
+            self._handlers = None
+            return fn
+
+        return decorate
+
+    @property
+    def handlers(self) -> tuple[Handler, ...]:
+        """The registered handlers, resolved against the settings (validated, names unique)."""
+        if self._handlers is None:
+            self._handlers = tuple(self._resolve(spec) for spec in self._specs)
+            seen: dict[str, str] = {}
+            for h in self._handlers:
+                if h.queue in seen:
+                    raise ConfigurationError(
+                        f"handlers {seen[h.queue]!r} and {h.name!r} both use queue {h.queue!r}; "
+                        "give one of them name= or queue=")
+                seen[h.queue] = h.name
+        return self._handlers
+
+    def _resolve(self, spec: _Spec) -> Handler:
+        s, o = self.settings, spec.options
+        name = o["name"] or spec.fn.__name__
+        queue = o["queue"] or names.handler_queue(self.service, name)
+        names.validate_name(f"queue of handler {name!r}", queue, max_bytes=s.max_queue_bytes)
+        reserved = {names.delivery_exchange(self.service), names.archive_name(self.service)}
+        if queue in reserved or queue.startswith(names.delay_name(self.service, "")):
+            raise ConfigurationError(f"queue {queue!r} of handler {name!r} collides with the service's own entities")
+        backoff = o["backoff"] or s.backoff
+        s.check_delay(f"backoff max_delay_ms of handler {name!r}", backoff.max_delay_ms)
+        max_retries = s.max_retries if o["max_retries"] is None else o["max_retries"]
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 10_000:
+            raise ConfigurationError(f"max_retries of handler {name!r} must be an integer within 0 .. 10000, got {max_retries!r}")
+        return Handler(fn=spec.fn, name=name, queue=queue, binding_keys=spec.binding_keys,
+                       max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
+                       dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"])
+
+    def handler_for(self, queue: str) -> Handler | None:
+        """The handler consuming ``queue``, if this service has one."""
+        return next((h for h in self.handlers if h.queue == queue), None)
+
+    def topology(self) -> Topology:
+        """The full topology of this service (unbound kombu entities)."""
+        return build_topology(self.settings, self.handlers)
+
+    # -- publishing ----------------------------------------------------------------------------
+
+    @property
+    def publisher(self) -> Publisher:
+        """The confirmed publisher (one connection per process, opened on first use)."""
+        if self._publisher is None:
+            self._publisher = Publisher(self.broker_url)
+        return self._publisher
+
+    def publish(
+        self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,
+        message_id: str | None = None, correlation_id: str | None = None,
+    ) -> str:
+        """Publish one JSON event to the events exchange; return its ``message_id``.
+
+        Persistent, ``mandatory`` and confirmed: returns once the broker has taken
+        it; raises :class:`~kombu_events.UnroutableError` when no queue is bound for
+        ``routing_key``, :class:`~kombu_events.PublishError` if the broker refuses it.
+        """
+        names.validate_name("routing_key", routing_key)
+        message = build_message(payload, message_id=message_id, correlation_id=correlation_id, headers=headers)
+        self.publisher.publish(self.settings.exchange, routing_key, message)
+        return message.properties["message_id"]
+
+    def publish_many(self, events: Iterable[tuple[str, Any]]) -> list[str]:
+        """Publish ``(routing_key, payload)`` pairs with pipelined confirms; raise on the first failure.
+
+        All are published before any confirm is awaited, so a batch costs about one
+        round trip. On error nothing says which of the others arrived: publish the
+        batch again (events are at-least-once; handlers are idempotent).
+        """
+        items = []
+        for routing_key, payload in events:
+            names.validate_name("routing_key", routing_key)
+            items.append((self.settings.exchange, routing_key, build_message(payload)))
+        errors = self.publisher.publish_many(items)
+        failed = [e for e in errors if e is not None]
+        if failed:
+            raise failed[0]
+        return [m.properties["message_id"] for _x, _k, m in items]
+
+    def event(self, routing_key: str) -> Callable[[Callable[..., Any]], Callable[..., str]]:
+        """Decorator for a publishing function whose body validates its arguments (seed 000).
+
+        Calling it runs the body (which may raise to refuse), then publishes: the
+        body's return value if not None, else the call's arguments as a dict.
+        """
+        names.validate_name("routing_key", routing_key)
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., str]:
+            signature = inspect.signature(fn)
+
+            @functools.wraps(fn)
+            def fire(*args: Any, **kwargs: Any) -> str:
+                bound = signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                result = fn(*args, **kwargs)
+                return self.publish(routing_key, dict(bound.arguments) if result is None else result)
+
+            fire.routing_key = routing_key  # type: ignore[attr-defined]
+            return fire
+
+        return decorate
+
+    def __repr__(self) -> str:
+        return f"<Events service={self.service!r} handlers={len(self._specs)}>"
