@@ -1,0 +1,166 @@
+"""Archive operations on the broker: list, show, replay, purge -- without ever losing a message.
+
+Messages are read with ``basic_get`` and no ack; what is not acked goes back to the
+archive when the channel closes. Replay republishes (mandatory, confirmed) into the
+delay ladder with delay 0 addressed to the original queue, and acks the archived copy
+only once the broker confirmed the replayed one.
+"""
+from __future__ import annotations
+
+__all__ = ["ArchivedMessage", "read", "replay", "purge", "message_key"]
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from amqp import Message
+
+from . import headers as wire, ladder
+from .confirms import Confirmer
+from .topology import Topology
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ArchivedMessage:
+    """One archived message as read from the archive queue."""
+
+    id: str
+    queue: str
+    routing_key: str
+    reason: str
+    attempts: Any
+    archived_at: str
+    exception: str
+    traceback: str
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    body: bytes
+    delivery_tag: int
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly fields (body as text when it decodes)."""
+        try:
+            body: Any = self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            body = repr(self.body)
+        return {"id": self.id, "queue": self.queue, "routing_key": self.routing_key, "reason": self.reason,
+                "attempts": self.attempts, "archived_at": self.archived_at, "exception": self.exception,
+                "traceback": self.traceback, "headers": _jsonable(self.headers),
+                "properties": _jsonable({k: v for k, v in self.properties.items() if k != "application_headers"}),
+                "body": body}
+
+
+def message_key(properties: dict[str, Any], body: bytes, headers: dict[str, Any]) -> str:
+    """The message id, or a stable digest when the publisher set none."""
+    if properties.get("message_id"):
+        return str(properties["message_id"])
+    digest = hashlib.sha1(body + str(headers.get(wire.ARCHIVED_AT, "")).encode()).hexdigest()
+    return f"sha1:{digest[:16]}"
+
+
+def _parse(msg: Any) -> ArchivedMessage:
+    body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
+    h = dict(msg.properties.get("application_headers") or {})
+    return ArchivedMessage(
+        id=message_key(msg.properties, body, h), queue=str(h.get(wire.QUEUE, "")),
+        routing_key=str(h.get(wire.ROUTING_KEY, msg.delivery_info.get("routing_key", ""))),
+        reason=str(h.get(wire.REASON, "")), attempts=h.get(wire.ATTEMPTS), archived_at=str(h.get(wire.ARCHIVED_AT, "")),
+        exception=str(h.get(wire.EXCEPTION, "")), traceback=str(h.get(wire.TRACEBACK, "")),
+        headers=h, properties=dict(msg.properties), body=body, delivery_tag=msg.delivery_tag)
+
+
+def _scan(channel: Any, queue: str) -> Iterator[ArchivedMessage]:
+    """Every message now in ``queue``, left unacked (they return when the channel closes)."""
+    _name, count, _consumers = channel.queue_declare(queue, passive=True)
+    for _ in range(count):
+        msg = channel.basic_get(queue, no_ack=False)
+        if msg is None:
+            return
+        yield _parse(msg)
+
+
+def read(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] = lambda m: True,
+         limit: int | None = None) -> list[ArchivedMessage]:
+    """Archived messages that ``match`` (at most ``limit``); the archive is left unchanged."""
+    channel = connection.channel()
+    try:
+        found = []
+        for message in _scan(channel, topology.archive_exchange):
+            if match(message):
+                found.append(message)
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
+    finally:
+        channel.close()  # unacked: every message goes back to the archive
+
+
+def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
+           limit: int | None = None) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
+    """Replay matching messages to their queues; return (replayed, [(kept, why)])."""
+    channel = connection.channel()
+    confirmer = Confirmer(channel)
+    replayed: list[ArchivedMessage] = []
+    kept: list[tuple[ArchivedMessage, str]] = []
+    handler_queues = {q.name for q in topology.handler_queues}
+    levels = topology.settings.delay_levels
+    chosen = 0
+    try:
+        for message in _scan(channel, topology.archive_exchange):
+            if limit is not None and chosen >= limit:
+                break
+            if not match(message):
+                continue
+            chosen += 1
+            if message.queue not in handler_queues:
+                kept.append((message, f"queue {message.queue!r} is not a queue of this service"))
+                continue
+            properties = dict(message.properties)
+            properties["application_headers"] = wire.replay_headers(message.headers)
+            key = ladder.routing_key(delay_units=0, levels=levels, queue=message.queue)
+            confirmer.publish(Message(message.body, **properties), topology.ladder_entry, key,
+                              on_ok=_acker(channel, message, replayed),
+                              on_fail=lambda why, m=message: kept.append((m, why)))
+        while confirmer.pending:
+            connection.drain_events(timeout=30)
+        return replayed, kept
+    finally:
+        channel.close()
+
+
+def _acker(channel: Any, message: ArchivedMessage, replayed: list[ArchivedMessage]) -> Callable[[], None]:
+    def ack() -> None:
+        channel.basic_ack(message.delivery_tag)
+        replayed.append(message)
+    return ack
+
+
+def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] | None = None) -> int:
+    """Delete archived messages (all, or those that ``match``); return how many."""
+    channel = connection.channel()
+    try:
+        if match is None:
+            return channel.queue_purge(topology.archive_exchange) or 0
+        removed = 0
+        for message in _scan(channel, topology.archive_exchange):
+            if match(message):
+                channel.basic_ack(message.delivery_tag)
+                removed += 1
+        return removed
+    finally:
+        channel.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

@@ -1,0 +1,32 @@
+"""Shared pytest configuration: integration tests need the real broker and fail loudly in CI."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+BROKER_URL = os.environ.get("KOMBU_EVENTS_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def broker_reachable(url: str = BROKER_URL) -> str | None:
+    """None if the broker answers, else why not."""
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+        return None
+    except Exception as exc:  # any failure to connect means: not reachable
+        return str(exc)
+
+
+@pytest.fixture(scope="session")
+def broker_url() -> str:
+    """URL of the real RabbitMQ; skips locally without it, fails under CI=true."""
+    why = broker_reachable()
+    if why is not None:
+        message = f"RabbitMQ is not reachable at {BROKER_URL}: {why}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message + " (CI=true: integration tests must not be skipped)")
+        pytest.skip(message)
+    return BROKER_URL
