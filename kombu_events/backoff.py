@@ -20,7 +20,7 @@ class Backoff(Protocol):
 
 
 def _check(name: str, value: float, *, minimum: float = 0) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < minimum:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= minimum:  # also NaN
         raise ConfigurationError(f"backoff {name} must be a number >= {minimum}, got {value!r}")
 
 
@@ -41,7 +41,7 @@ class Exponential:
         _check("base_ms", self.base_ms)
         _check("factor", self.factor, minimum=1)
         _check("max_delay_ms", self.max_delay_ms)
-        if not 0 <= self.jitter <= 1:
+        if not isinstance(self.jitter, (int, float)) or isinstance(self.jitter, bool) or not 0 <= self.jitter <= 1:
             raise ConfigurationError(f"backoff jitter must be within 0 .. 1, got {self.jitter!r}")
 
     def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
@@ -51,7 +51,7 @@ class Exponential:
         try:
             raw = self.base_ms * float(self.factor) ** (retry - 1)
         except OverflowError:
-            raw = float("inf")
+            raw = float("inf") if self.base_ms else 0.0  # 0 * anything is still no delay
         delay = min(raw, self.max_delay_ms)
         return delay * (1 - self.jitter * rand())
 

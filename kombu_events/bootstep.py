@@ -39,6 +39,11 @@ class EventsStep(bootsteps.StartStopStep):
         for consumer in self.consumers:
             consumer.start(c.connection, c.pool, c.hub)
 
+    def register_with_event_loop(self, c: Any, hub: Any) -> None:
+        """Start receiving: the pool is ready to take work only from here on."""
+        for consumer in self.consumers:
+            consumer.consume()
+
     def stop(self, c: Any) -> None:
         """Stop receiving (handlers still running may ack)."""
         for consumer in self.consumers:

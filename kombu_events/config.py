@@ -20,6 +20,17 @@ ENV = {
 
 QUEUE_TYPES = ("classic", "quorum")
 
+#: Valid range of every integer setting (inclusive).
+LIMITS = {
+    "max_retries": (0, 10_000),
+    "delay_levels": (1, 32),
+    "delay_unit_ms": (1, 24 * 3600 * 1000),
+    "archive_ttl_ms": (0, 2**32 - 1),
+    "archive_max_length": (0, 2**31 - 1),
+    "prefetch_count": (1, 65_535),
+    "traceback_limit": (0, 60_000),
+}
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -46,13 +57,8 @@ class Settings:
     def __post_init__(self) -> None:
         names.validate_name("service", self.service, max_bytes=200)
         names.validate_name("exchange", self.exchange)
-        _check_int("max_retries", self.max_retries, 0, 10_000)
-        _check_int("delay_levels", self.delay_levels, 1, 32)
-        _check_int("delay_unit_ms", self.delay_unit_ms, 1, 24 * 3600 * 1000)
-        _check_int("archive_ttl_ms", self.archive_ttl_ms, 0, 2**32 - 1)
-        _check_int("archive_max_length", self.archive_max_length, 0, 2**31 - 1)
-        _check_int("prefetch_count", self.prefetch_count, 1, 65_535)
-        _check_int("traceback_limit", self.traceback_limit, 0, 60_000)
+        for setting, (low, high) in LIMITS.items():
+            _check_int(setting, getattr(self, setting), low, high)
         if self.queue_type not in QUEUE_TYPES:
             raise ConfigurationError(
                 f"queue_type={self.queue_type!r} is not one of {', '.join(QUEUE_TYPES)}"
@@ -60,6 +66,10 @@ class Settings:
         if isinstance(self.accept_content, str) or not self.accept_content:
             raise ConfigurationError(
                 f"accept_content must be a non-empty list of content types, got {self.accept_content!r}"
+            )
+        if self.backoff is not None and not callable(getattr(self.backoff, "delay_ms", None)):
+            raise ConfigurationError(
+                f"backoff must be a backoff policy such as Exponential(...) or Constant(...), got {self.backoff!r}"
             )
         if self.backoff is None:
             object.__setattr__(self, "backoff", Exponential(max_delay_ms=min(3_600_000, self.max_delay_ms)))
@@ -99,7 +109,10 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
         try:
             found[setting] = int(raw)
         except ValueError:
-            raise ConfigurationError(f"{variable}={raw!r} (setting {setting}) must be an integer") from None
+            low, high = LIMITS[setting]
+            raise ConfigurationError(
+                f"{variable}={raw!r} (setting {setting}) must be an integer within {low} .. {high}"
+            ) from None
     return found
 
 

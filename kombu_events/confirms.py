@@ -12,12 +12,13 @@ __all__ = ["Confirmer", "RETURNED", "NACKED"]
 import logging
 from typing import Any, Callable
 
-from amqp import Message
+from amqp import Message, spec
 
 logger = logging.getLogger(__name__)
 
 RETURNED = "returned by the broker: no queue is bound for it"
 NACKED = "nacked by the broker"
+_PUBLISH = spec.Basic.Publish
 
 OnOk = Callable[[], Any]
 OnFail = Callable[[str], Any]
@@ -42,11 +43,18 @@ class Confirmer:
         return len(self._pending)
 
     def publish(self, message: Message, exchange: str, routing_key: str, on_ok: OnOk, on_fail: OnFail) -> int:
-        """Publish ``message``; exactly one of ``on_ok``/``on_fail`` runs when it is settled."""
+        """Publish ``message``; exactly one of ``on_ok``/``on_fail`` runs when it is settled.
+
+        If this raises, nothing was registered and neither callback will run.
+        """
+        # send_method, not basic_publish: py-amqp's basic_publish drains inbound frames
+        # first, which re-enters delivery callbacks from inside a callback and, under a
+        # burst of failures, recurses until RecursionError. The frame is the same.
+        self.channel.send_method(_PUBLISH, "Bssbb", (0, exchange, routing_key, True, False), message)
+        # Count only what was sent: the broker numbers confirms by publishes it received.
         self._seq += 1
         key = (exchange, routing_key, message.properties.get("message_id"))
         self._pending[self._seq] = (key, on_ok, on_fail)
-        self.channel.basic_publish(message, exchange=exchange, routing_key=routing_key, mandatory=True)
         return self._seq
 
     def fail_all(self, why: str) -> None:

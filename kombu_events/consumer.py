@@ -65,13 +65,19 @@ class ServiceConsumer:
                      on_message=partial(self._on_message, h))
             for h in self.handlers
         ]
+        if hub is None:
+            self.consume()  # no event loop (synloop): nothing else will call consume()
+
+    def consume(self) -> None:
+        """Start receiving; with an event loop only once the pool is registered with it."""
+        if self._hub is not None:
+            if self._wake is None:
+                self._wake = os.pipe()
+                os.set_blocking(self._wake[0], False)
+                os.set_blocking(self._wake[1], False)
+            self._hub.add_reader(self._wake[0], self._drain_mailbox)
         for consumer in self._consumers:
             consumer.consume()
-        if hub is not None and self._wake is None:
-            self._wake = os.pipe()
-            os.set_blocking(self._wake[0], False)
-            os.set_blocking(self._wake[1], False)
-            hub.add_reader(self._wake[0], self._drain_mailbox)
         logger.info("kombu-events: service %s consuming %s", self.settings.service,
                     ", ".join(h.queue for h in self.handlers))
 
@@ -141,7 +147,9 @@ class ServiceConsumer:
     def _settle(self, handler: Handler, message: Any, attempt: int, routing_key: str,
                 started: float, result: Any) -> None:
         if not isinstance(result, decision.Outcome):  # billiard's ExceptionInfo: the process died
-            result = decision.Outcome(decision.LOST, f"pool process lost: {getattr(result, 'exception', result)}")
+            exc = getattr(result, "exception", result)
+            result = decision.Outcome(decision.LOST, f"pool process lost: {type(exc).__name__}: {exc}",
+                                      f"{type(exc).__name__}: {exc}")
         verdict = decision.decide(
             result, attempt=attempt, max_retries=handler.max_retries, backoff=handler.backoff,
             max_delay_ms=self.settings.max_delay_ms, lost_delay_ms=self.settings.delay_unit_ms)
@@ -197,8 +205,8 @@ class ServiceConsumer:
             return  # channels are gone: the original is redelivered
         try:
             self._confirmer.publish(Message(message.body, **properties), exchange, routing_key, on_ok, on_fail)
-        except Exception as exc:  # channel or connection lost: the original will be redelivered
-            logger.warning("kombu-events: republish to %s failed (%s); message will be redelivered", exchange, exc)
+        except Exception as exc:  # not sent (connection lost, unencodable header): not acked either
+            on_fail(f"publish raised {type(exc).__name__}: {exc}")
 
 
 def _quietly(fn: Any, *args: Any) -> bool:

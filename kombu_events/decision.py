@@ -69,4 +69,6 @@ def decide(
         delay = backoff.delay_ms(retry=attempt, rand=rand)
     if delay > max_delay_ms:
         return Decision("archive", reason=f"retry delay {delay:g} ms exceeds the ladder's {max_delay_ms:g} ms")
+    if not delay >= 0:  # negative or NaN, e.g. from a custom Backoff: the ladder cannot express it
+        return Decision("archive", reason=f"retry delay {delay!r} ms is not within 0 .. {max_delay_ms:g} ms")
     return Decision("retry", delay_ms=delay, reason=outcome.reason or kind)

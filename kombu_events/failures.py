@@ -14,7 +14,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0):
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0):
             raise ValueError(f"Retry(delay=...) takes seconds >= 0 or None, got {delay!r}")
         super().__init__(reason or (f"retry in {delay:g} s" if delay is not None else "retry"))
         self.delay = delay

@@ -48,8 +48,8 @@ def attempt_of(headers: Mapping[str, Any] | None, queue: str) -> int:
     if not headers:
         return 1
     try:
-        previous = int(headers.get(ATTEMPTS) or 0)
-    except (TypeError, ValueError):
+        previous = max(0, int(headers.get(ATTEMPTS) or 0))  # any publisher may set it: never below 0
+    except (TypeError, ValueError, OverflowError):
         previous = 0
     return previous + rejected_count(headers, queue) + 1
 

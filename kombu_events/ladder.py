@@ -36,15 +36,17 @@ def ttl_ms(*, level: int, unit_ms: int) -> int:
 
 def units_for(*, delay_ms: float, unit_ms: int, levels: int) -> int:
     """Whole units for ``delay_ms`` (rounded up, never shorter than asked); raise if it won't fit."""
-    if delay_ms < 0:
+    if not delay_ms >= 0:  # also NaN
         raise DelayTooLongError(f"delay must be >= 0 ms, got {delay_ms!r}")
-    units = math.ceil(delay_ms / unit_ms)
-    if units > max_delay_units(levels=levels):
+    most = max_delay_units(levels=levels)
+    if delay_ms > most * unit_ms:  # exact comparison: also inf and ints too big for a float
         raise DelayTooLongError(
-            f"a delay of {delay_ms:g} ms needs {units} units of {unit_ms} ms, but "
-            f"{levels} delay levels hold at most {max_delay_units(levels=levels)} units "
-            f"({max_delay_units(levels=levels) * unit_ms} ms); raise delay_levels"
+            f"a delay of {delay_ms!r} ms does not fit: {levels} delay levels of {unit_ms} ms "
+            f"hold at most {most} units ({most * unit_ms} ms); raise delay_levels"
         )
+    units = math.ceil(delay_ms / unit_ms)
+    if units * unit_ms < delay_ms:  # the float quotient rounded down: never wait less than asked
+        units += 1
     return units
 
 

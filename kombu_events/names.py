@@ -10,6 +10,8 @@ __all__ = [
     "archive_name",
 ]
 
+import unicodedata
+
 from .errors import ConfigurationError
 
 #: AMQP short strings (exchange, queue and routing key names) hold at most 255 bytes.
@@ -25,8 +27,11 @@ def validate_name(setting: str, value: object, *, max_bytes: int = MAX_NAME_BYTE
             f"{setting}={value!r} contains a topic wildcard ('*' or '#'); "
             "use letters, digits, '.', '-' and '_'"
         )
-    if value != value.strip() or any(ord(ch) < 32 for ch in value):
-        raise ConfigurationError(f"{setting}={value!r} contains whitespace or control characters")
+    if any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in value):
+        raise ConfigurationError(
+            f"{setting}={value!r} contains whitespace or control characters; "
+            "use letters, digits, '.', '-' and '_'"
+        )
     size = len(value.encode("utf-8"))
     if size > max_bytes:
         raise ConfigurationError(
