@@ -27,7 +27,8 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
 
     Raises DecodeError when the type is not accepted or the body does not parse.
     """
-    content_type = content_type or JSON
+    # MIME types are case-insensitive and may carry parameters ("application/json; charset=utf-8").
+    content_type = (content_type or JSON).split(";", 1)[0].strip().lower() or JSON
     if content_type == JSON and JSON in accept:
         try:
             return json.loads(body)

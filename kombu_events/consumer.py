@@ -146,6 +146,14 @@ class ServiceConsumer:
 
     def _settle(self, handler: Handler, message: Any, attempt: int, routing_key: str,
                 started: float, result: Any) -> None:
+        try:
+            self._carry_out(handler, message, attempt, routing_key, started, result)
+        except Exception:  # never let one message break the event loop; it stays unacked
+            logger.exception("kombu-events: could not settle message %s from %s; left unacked",
+                             message.properties.get("message_id"), handler.queue)
+
+    def _carry_out(self, handler: Handler, message: Any, attempt: int, routing_key: str,
+                   started: float, result: Any) -> None:
         if not isinstance(result, decision.Outcome):  # billiard's ExceptionInfo: the process died
             exc = getattr(result, "exception", result)
             result = decision.Outcome(decision.LOST, f"pool process lost: {type(exc).__name__}: {exc}",

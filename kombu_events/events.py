@@ -207,7 +207,7 @@ class Events:
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
                 result = fn(*args, **kwargs)
-                return self.publish(routing_key, dict(bound.arguments) if result is None else result)
+                return self.publish(routing_key, _arguments(signature, bound) if result is None else result)
 
             fire.routing_key = routing_key  # type: ignore[attr-defined]
             return fire
@@ -216,3 +216,17 @@ class Events:
 
     def __repr__(self) -> str:
         return f"<Events service={self.service!r} handlers={len(self._specs)}>"
+
+
+def _arguments(signature: inspect.Signature, bound: inspect.BoundArguments) -> dict[str, Any]:
+    """The call's arguments as one flat dict (``**kwargs`` merged in, ``*args`` as a list)."""
+    payload: dict[str, Any] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            payload.update(value)
+        elif kind is inspect.Parameter.VAR_POSITIONAL:
+            payload[name] = list(value)
+        else:
+            payload[name] = value
+    return payload

@@ -33,7 +33,7 @@ def build_message(
 ) -> Message:
     """A persistent JSON message with a fresh ``message_id`` unless one is given."""
     try:
-        body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+        body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise EncodeError(f"payload is not JSON serialisable: {exc}") from exc
     properties: dict[str, Any] = {

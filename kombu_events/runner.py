@@ -29,7 +29,10 @@ def _lookup(queue: str) -> tuple[Handler, frozenset[str], int] | None:
         from .events import registered
 
         for events in registered:
-            handler = events.handler_for(queue)
+            try:
+                handler = events.handler_for(queue)
+            except Exception:  # another service's bad configuration is not this message's problem
+                continue
             if handler is not None:
                 entry = _registry[queue] = (handler, events.accept, events.settings.traceback_limit)
                 break

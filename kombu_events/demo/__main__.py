@@ -1,0 +1,62 @@
+"""Run the demo: start ``celery worker --with-events-step``, publish events, print what was handled."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+ORDERS = 5
+EXPECTED = ORDERS * 2  # each order reaches on_order_created and audit
+
+
+def main() -> int:
+    """Start a worker, publish ``ORDERS`` events, wait until all are handled, stop the worker."""
+    command = [sys.executable, "-m", "celery", "-A", "kombu_events.demo.app", "worker", "--with-events-step",
+               "--pool=prefork", "--concurrency=2", "--loglevel=INFO", "--without-mingle",
+               "--without-gossip", "--without-heartbeat", "--hostname=demo@%h"]
+    print("$ " + " ".join(command[2:]), flush=True)
+    worker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    handled: list[str] = []
+    ready = threading.Event()
+    threading.Thread(target=_follow, args=(worker, handled, ready), daemon=True).start()
+    try:
+        if not ready.wait(60):
+            print("worker did not become ready in 60 s", file=sys.stderr)
+            return 1
+        _publish()
+        deadline = time.monotonic() + 60
+        while len(handled) < EXPECTED and time.monotonic() < deadline and worker.poll() is None:
+            time.sleep(0.1)
+        print(f"\n{len(handled)} of {EXPECTED} deliveries handled (one after a broker-side retry)")
+        return 0 if len(handled) >= EXPECTED else 1
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+
+
+def _follow(worker: subprocess.Popen, handled: list[str], ready: threading.Event) -> None:
+    for line in worker.stdout:
+        if " ready." in line:
+            ready.set()
+        if "[demo]" in line or "event outcome=retry" in line or "ERROR" in line:
+            print("worker | " + line.rstrip().split("] ", 1)[-1], flush=True)
+        if "[demo] handled" in line or "[demo] audited" in line:
+            handled.append(line)
+
+
+def _publish() -> None:
+    from kombu_events.demo.app import add, events
+
+    for order_id in range(1, ORDERS + 1):
+        message_id = events.publish(f"orders.{order_id}.created", {"order_id": order_id})
+        print(f"published orders.{order_id}.created ({message_id})", flush=True)
+    print(f"task add(2, 3) sent: {add.delay(2, 3).id}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""codec.py: decoding by content type with an accept list; pickle only when asked for."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from kombu_events.codec import JSON, accept_set, decode
+from kombu_events.errors import ConfigurationError, DecodeError
+
+PICKLE = "application/x-python-serialize"
+JSON_ONLY = frozenset({JSON})
+
+
+@pytest.mark.parametrize(
+    "body, content_type, expected",
+    [
+        (b'{"order_id": 42}', JSON, {"order_id": 42}),
+        (b"[1, 2, 3]", JSON, [1, 2, 3]),
+        ('{"name": "Zoë"}'.encode(), JSON, {"name": "Zoë"}),
+        (b'"just a string"', JSON, "just a string"),
+        (b"null", JSON, None),
+        (b'{"order_id": 42}', None, {"order_id": 42}),  # no content type: tried as JSON
+        (b'{"order_id": 42}', "", {"order_id": 42}),
+    ],
+)
+def test_json(body, content_type, expected):
+    assert decode(body, content_type, "utf-8", JSON_ONLY) == expected
+
+
+def test_json_fast_path_does_not_go_through_kombu(mocker):
+    loads = mocker.patch("kombu_events.codec.loads")
+    assert decode(b"{}", JSON, None, JSON_ONLY) == {}
+    loads.assert_not_called()
+
+
+@pytest.mark.parametrize("content_type", [JSON, None])
+@pytest.mark.parametrize("body", [b"not json", b"", b'{"a": ', b"\xff\xfe\x00garbage"])
+def test_invalid_json_is_a_decode_error(body, content_type):
+    with pytest.raises(DecodeError, match="not valid JSON"):
+        decode(body, content_type, None, JSON_ONLY)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/xml", PICKLE, "application/x-yaml"])
+def test_content_type_not_accepted_names_it(content_type):
+    with pytest.raises(DecodeError) as info:
+        decode(b"whatever", content_type, "utf-8", JSON_ONLY)
+    assert repr(content_type) in str(info.value)
+    assert "not accepted" in str(info.value)
+    assert JSON in str(info.value)
+
+
+def test_missing_content_type_without_json_accepted_is_refused():
+    with pytest.raises(DecodeError, match="'application/json' is not accepted"):
+        decode(b"{}", None, None, frozenset({PICKLE}))
+
+
+UNPICKLED: list[str] = []
+
+
+def _record(what: str) -> str:
+    UNPICKLED.append(what)
+    return what
+
+
+class _SideEffect:
+    def __reduce__(self):
+        return (_record, ("unpickled",))
+
+
+def test_pickle_is_refused_by_default_and_never_executed():
+    UNPICKLED.clear()
+    body = pickle.dumps(_SideEffect())
+    with pytest.raises(DecodeError, match=PICKLE):
+        decode(body, PICKLE, "binary", accept_set(["json"]))
+    assert UNPICKLED == []
+    assert decode(body, PICKLE, "binary", accept_set(["json", "pickle"])) == "unpickled"
+    assert UNPICKLED == ["unpickled"], "the same body does unpickle once pickle is accepted"
+
+
+def test_pickle_works_when_accepted():
+    body = pickle.dumps({"a": 1, "b": (2, 3)})
+    assert decode(body, PICKLE, "binary", accept_set(["json", "pickle"])) == {"a": 1, "b": (2, 3)}
+
+
+def test_broken_body_of_an_accepted_type_is_a_decode_error():
+    with pytest.raises(DecodeError, match=f"does not decode as {PICKLE}"):
+        decode(b"not a pickle", PICKLE, "binary", accept_set(["pickle"]))
+
+
+@pytest.mark.parametrize(
+    "accept, expected",
+    [
+        (["json"], {JSON}),
+        (["application/json"], {JSON}),
+        (("json", "pickle"), {JSON, PICKLE}),
+        (["json", "application/json"], {JSON}),
+    ],
+)
+def test_accept_set(accept, expected):
+    assert accept_set(accept) == frozenset(expected)
+
+
+@pytest.mark.parametrize("bad", ["nonsense", "jsn"])
+def test_accept_set_rejects_unknown_serializer_names(bad):
+    with pytest.raises(ConfigurationError) as info:
+        accept_set(["json", bad])
+    assert str(info.value).startswith("accept_content=")
+    assert bad in str(info.value)

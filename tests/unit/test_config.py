@@ -1,0 +1,193 @@
+"""config.py: defaults, precedence, validation and the broker URL."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import celery
+import pytest
+
+from kombu_events.backoff import Constant, Exponential
+from kombu_events.config import ENV, Settings, broker_url, resolve_settings
+from kombu_events.errors import ConfigurationError
+
+
+def test_defaults():
+    s = resolve_settings("billing", conf=None, environ={})
+    assert s == Settings(service="billing")
+    assert (s.service, s.exchange, s.max_retries, s.delay_levels, s.delay_unit_ms) == ("billing", "events", 5, 16, 1000)
+    assert s.archive_ttl_ms == 7 * 24 * 3600 * 1000
+    assert s.archive_max_length == 100_000
+    assert (s.prefetch_count, s.queue_type, s.accept_content, s.traceback_limit) == (
+        100, "classic", ("application/json",), 2000)
+    assert s.backoff == Exponential(max_delay_ms=3_600_000)
+    assert s.max_delay_ms == 65_535 * 1000
+    assert s.max_queue_bytes == 255 - 2 * 16
+
+
+@pytest.mark.parametrize(
+    "setting, variable", sorted(ENV.items()),
+)
+def test_precedence_kwargs_over_conf_over_env_over_defaults(setting, variable):
+    default = getattr(Settings(service="s"), setting)
+    assert getattr(resolve_settings("s", conf={}, environ={}), setting) == default
+    env = {variable: "7"}
+    assert getattr(resolve_settings("s", conf={}, environ=env), setting) == 7
+    conf = {f"kombu_events_{setting}": 8}
+    assert getattr(resolve_settings("s", conf=conf, environ=env), setting) == 8
+    assert getattr(resolve_settings("s", conf=conf, environ=env, **{setting: 9}), setting) == 9
+    # None means "not given": the next source still applies
+    assert getattr(resolve_settings("s", conf=conf, environ=env, **{setting: None}), setting) == 8
+
+
+def test_env_variable_names_are_the_seeds():
+    assert ENV == {
+        "max_retries": "AMQP_EVENTS_MAX_RETRIES",
+        "archive_ttl_ms": "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",
+        "archive_max_length": "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH",
+    }
+
+
+def test_empty_env_variable_is_unset():
+    assert resolve_settings("s", environ={"AMQP_EVENTS_MAX_RETRIES": ""}).max_retries == 5
+
+
+def test_settings_without_env_variable_come_from_conf_and_kwargs():
+    conf = {"kombu_events_delay_levels": 8, "kombu_events_queue_type": "quorum",
+            "kombu_events_accept_content": ["application/json", "application/x-msgpack"]}
+    s = resolve_settings("s", conf=conf, environ={}, prefetch_count=10)
+    assert (s.delay_levels, s.queue_type, s.prefetch_count) == (8, "quorum", 10)
+    assert s.accept_content == ("application/json", "application/x-msgpack")
+
+
+def test_celery_conf_works_as_conf():
+    app = celery.Celery("cfg", broker="memory://", set_as_current=False)
+    app.conf.update(kombu_events_max_retries=2, kombu_events_delay_unit_ms=500)
+    s = resolve_settings("s", conf=app.conf, environ={"AMQP_EVENTS_MAX_RETRIES": "9"})
+    assert (s.max_retries, s.delay_unit_ms) == (2, 500)
+
+
+def test_environ_defaults_to_os_environ(monkeypatch):
+    monkeypatch.setenv("AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH", "42")
+    assert resolve_settings("s").archive_max_length == 42
+
+
+@pytest.mark.parametrize(
+    "kwargs, setting, valid",
+    [
+        ({"max_retries": -1}, "max_retries", "0 .. 10000"),
+        ({"max_retries": 10_001}, "max_retries", "0 .. 10000"),
+        ({"max_retries": "3"}, "max_retries", "0 .. 10000"),
+        ({"max_retries": True}, "max_retries", "0 .. 10000"),
+        ({"max_retries": 2.5}, "max_retries", "0 .. 10000"),
+        ({"delay_levels": 0}, "delay_levels", "1 .. 32"),
+        ({"delay_levels": 33}, "delay_levels", "1 .. 32"),
+        ({"delay_unit_ms": 0}, "delay_unit_ms", "1 .. 86400000"),
+        ({"archive_ttl_ms": -1}, "archive_ttl_ms", "0 .. 4294967295"),
+        ({"archive_ttl_ms": 2**32}, "archive_ttl_ms", "0 .. 4294967295"),
+        ({"archive_max_length": -1}, "archive_max_length", "0 .. 2147483647"),
+        ({"prefetch_count": 0}, "prefetch_count", "1 .. 65535"),
+        ({"prefetch_count": 65_536}, "prefetch_count", "1 .. 65535"),
+        ({"traceback_limit": -1}, "traceback_limit", "0 .. 60000"),
+        ({"queue_type": "lazy"}, "queue_type", "classic, quorum"),
+        ({"queue_type": "Quorum"}, "queue_type", "classic, quorum"),
+        ({"exchange": ""}, "exchange", "non-empty string"),
+        ({"exchange": "events.*"}, "exchange", "letters, digits"),
+        ({"exchange": "events.#"}, "exchange", "letters, digits"),
+        ({"exchange": "my events"}, "exchange", "letters, digits"),
+        ({"accept_content": "application/json"}, "accept_content", "non-empty list of content types"),
+        ({"accept_content": ()}, "accept_content", "non-empty list of content types"),
+        ({"backoff": "fast"}, "backoff", "Exponential"),
+        ({"max_retry": 3}, "max_retry", "valid: accept_content, archive_max_length"),
+    ],
+)
+def test_invalid_settings_name_the_setting_and_what_is_valid(kwargs, setting, valid):
+    with pytest.raises(ConfigurationError) as info:
+        resolve_settings("s", conf=None, environ={}, **kwargs)
+    assert setting in str(info.value)
+    assert valid in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "service, valid",
+    [("", "non-empty string"), ("bill*", "letters, digits"), ("bill ing", "letters, digits"),
+     ("s" * 201, "at most 200 bytes")],
+)
+def test_invalid_service(service, valid):
+    with pytest.raises(ConfigurationError) as info:
+        resolve_settings(service, environ={})
+    assert str(info.value).startswith("service")
+    assert valid in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "variable, setting, raw, valid",
+    [
+        ("AMQP_EVENTS_MAX_RETRIES", "max_retries", "five", "0 .. 10000"),
+        ("AMQP_EVENTS_MAX_RETRIES", "max_retries", "2.5", "0 .. 10000"),
+        ("AMQP_EVENTS_MAX_RETRIES", "max_retries", "-1", "0 .. 10000"),
+        ("AMQP_EVENTS_ARCHIVED_MESSAGE_TTL", "archive_ttl_ms", "1h", "0 .. 4294967295"),
+        ("AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH", "archive_max_length", "lots", "0 .. 2147483647"),
+    ],
+)
+def test_invalid_env_values_name_the_setting_and_range(variable, setting, raw, valid):
+    with pytest.raises(ConfigurationError) as info:
+        resolve_settings("s", environ={variable: raw})
+    message = str(info.value)
+    assert setting in message
+    assert valid in message
+    if not raw.lstrip("-").isdigit():
+        assert variable in message and repr(raw) in message
+
+
+def test_backoff_cap_beyond_the_ladder_raises():
+    # 4 levels of 1 s hold at most 15 s
+    assert Settings(service="s", delay_levels=4, backoff=Exponential(max_delay_ms=15_000)).max_delay_ms == 15_000
+    for policy in (Exponential(max_delay_ms=15_001), Constant(every_ms=20_000), Exponential(max_delay_ms=float("inf"))):
+        with pytest.raises(ConfigurationError) as info:
+            Settings(service="s", delay_levels=4, backoff=policy)
+        message = str(info.value)
+        assert "backoff max_delay_ms" in message
+        assert "at most 15000 ms" in message
+        assert "raise delay_levels" in message
+
+
+@pytest.mark.parametrize(
+    "levels, unit_ms, cap", [(4, 1000, 15_000), (12, 1000, 3_600_000), (16, 1000, 3_600_000), (3, 10, 70)],
+)
+def test_default_backoff_is_clamped_to_the_ladder(levels, unit_ms, cap):
+    s = Settings(service="s", delay_levels=levels, delay_unit_ms=unit_ms)
+    assert s.backoff.max_delay_ms == cap
+    assert s.backoff.max_delay_ms <= s.max_delay_ms
+
+
+def test_check_delay():
+    s = Settings(service="s", delay_levels=2, delay_unit_ms=100)
+    s.check_delay("d", 300)
+    for bad in (301, float("inf"), float("nan")):
+        with pytest.raises(ConfigurationError, match=r"^d=.*at most 300 ms"):
+            s.check_delay("d", bad)
+
+
+@pytest.mark.parametrize("levels", [1, 16, 32])
+def test_max_queue_bytes_leaves_room_for_the_ladder_words(levels):
+    assert Settings(service="s", delay_levels=levels).max_queue_bytes == 255 - 2 * levels
+
+
+def _app(url):
+    return SimpleNamespace(conf=SimpleNamespace(broker_url=url))
+
+
+@pytest.mark.parametrize(
+    "app, explicit, environ, expected",
+    [
+        (_app("amqp://app//"), "amqp://explicit//", {"RABBIT_URL": "amqp://env//"}, "amqp://explicit//"),
+        (_app("amqp://app//"), None, {"RABBIT_URL": "amqp://env//"}, "amqp://env//"),
+        (_app("amqp://app//"), None, {"RABBIT_URL": ""}, "amqp://app//"),
+        (_app("amqp://app//"), None, {}, "amqp://app//"),
+        (None, None, {"RABBIT_URL": "amqp://env//"}, "amqp://env//"),
+        (_app(None), None, {}, "amqp://guest:guest@localhost:5672//"),
+        (None, None, {}, "amqp://guest:guest@localhost:5672//"),
+    ],
+)
+def test_broker_url_precedence(app, explicit, environ, expected):
+    assert broker_url(app, explicit, environ=environ) == expected

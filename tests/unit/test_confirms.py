@@ -1,0 +1,234 @@
+"""confirms.py: pipelined publisher confirms on a fake channel."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+from amqp import Message, spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kombu_events.confirms import NACKED, RETURNED, Confirmer
+
+
+class FakeChannel:
+    """Just what Confirmer uses of an amqp channel; the test plays the broker.
+
+    Records a publish whether it goes through ``basic_publish`` or straight to
+    ``send_method(Basic.Publish, "Bssbb", (ticket, exchange, routing_key, mandatory, immediate))``.
+    """
+
+    def __init__(self) -> None:
+        self.events = collections.defaultdict(set)
+        self.confirming = False
+        self.published: list[tuple[bytes, str, str, bool]] = []
+
+    def confirm_select(self) -> None:
+        self.confirming = True
+
+    def basic_publish(self, message, exchange, routing_key, mandatory=False):
+        assert self.confirming, "publish before confirm_select"
+        self.published.append((message.body, exchange, routing_key, mandatory))
+
+    def send_method(self, method, signature, args, content=None):
+        assert self.confirming, "publish before confirm_select"
+        assert (method, signature) == (spec.Basic.Publish, "Bssbb")
+        _ticket, exchange, routing_key, mandatory, immediate = args
+        assert immediate is False
+        self.published.append((content.body, exchange, routing_key, mandatory))
+
+    def ack(self, tag: int, multiple: bool = False) -> None:
+        for callback in list(self.events["basic_ack"]):
+            callback(tag, multiple)
+
+    def nack(self, tag: int, multiple: bool = False) -> None:
+        for callback in list(self.events["basic_nack"]):
+            callback(tag, multiple)
+
+    def returned(self, exchange: str, routing_key: str, message: Message) -> None:
+        for callback in list(self.events["basic_return"]):
+            callback(Exception("312 NO_ROUTE"), exchange, routing_key, message)
+
+
+class Outcomes:
+    """Records which callback ran for each publish, and how often."""
+
+    def __init__(self) -> None:
+        self.settled: dict[int, list[str]] = collections.defaultdict(list)
+
+    def callbacks(self, index: int):
+        return (lambda: self.settled[index].append("ok"), lambda why: self.settled[index].append(why))
+
+
+def _message(message_id: str = "m1", body: bytes = b"{}") -> Message:
+    return Message(body, message_id=message_id)
+
+
+@pytest.fixture
+def channel() -> FakeChannel:
+    return FakeChannel()
+
+
+@pytest.fixture
+def confirmer(channel) -> Confirmer:
+    return Confirmer(channel)
+
+
+def _publish(confirmer, outcomes, index, exchange="ex", routing_key="rk", message_id="m1"):
+    return confirmer.publish(_message(message_id), exchange, routing_key, *outcomes.callbacks(index))
+
+
+def test_confirm_mode_and_callbacks_are_set_up(channel, confirmer):
+    assert channel.confirming
+    assert len(channel.events["basic_ack"]) == len(channel.events["basic_nack"]) == 1
+    assert len(channel.events["basic_return"]) == 1
+
+
+def test_publish_is_mandatory_and_numbered(channel, confirmer):
+    outcomes = Outcomes()
+    tags = [_publish(confirmer, outcomes, i, routing_key=f"rk{i}") for i in range(3)]
+    assert tags == [1, 2, 3]
+    assert channel.published == [(b"{}", "ex", f"rk{i}", True) for i in range(3)]
+    assert confirmer.pending == 3
+
+
+def test_on_ok_runs_only_after_the_ack(channel, confirmer):
+    outcomes = Outcomes()
+    tag = _publish(confirmer, outcomes, 0)
+    assert outcomes.settled == {}
+    channel.ack(tag)
+    assert outcomes.settled == {0: ["ok"]}
+    assert confirmer.pending == 0
+    channel.ack(tag)  # a duplicate ack settles nothing twice
+    assert outcomes.settled == {0: ["ok"]}
+
+
+def test_single_ack_settles_only_its_tag(channel, confirmer):
+    outcomes = Outcomes()
+    for i in range(3):
+        _publish(confirmer, outcomes, i)
+    channel.ack(2)
+    assert outcomes.settled == {1: ["ok"]}
+    assert confirmer.pending == 2
+
+
+def test_multiple_ack_settles_every_tag_up_to_it(channel, confirmer):
+    outcomes = Outcomes()
+    for i in range(5):
+        _publish(confirmer, outcomes, i)
+    channel.ack(3, multiple=True)
+    assert outcomes.settled == {0: ["ok"], 1: ["ok"], 2: ["ok"]}
+    assert confirmer.pending == 2
+    channel.ack(5, multiple=True)
+    assert outcomes.settled == {i: ["ok"] for i in range(5)}
+
+
+def test_nack_fails(channel, confirmer):
+    outcomes = Outcomes()
+    for i in range(3):
+        _publish(confirmer, outcomes, i)
+    channel.nack(1)
+    channel.nack(3, multiple=True)
+    assert outcomes.settled == {0: [NACKED], 1: [NACKED], 2: [NACKED]}
+    assert confirmer.pending == 0
+
+
+def test_returned_then_acked_fails_only_the_matching_publish(channel, confirmer):
+    outcomes = Outcomes()
+    _publish(confirmer, outcomes, 0, routing_key="rk", message_id="m1")
+    _publish(confirmer, outcomes, 1, routing_key="rk", message_id="m2")  # other message id
+    _publish(confirmer, outcomes, 2, routing_key="other", message_id="m1")  # other routing key
+    _publish(confirmer, outcomes, 3, exchange="ex2", routing_key="rk", message_id="m1")  # other exchange
+    channel.returned("ex", "rk", _message("m1"))
+    assert outcomes.settled == {}, "a return alone settles nothing: the ack follows it"
+    channel.ack(4, multiple=True)
+    assert outcomes.settled == {0: [RETURNED], 1: ["ok"], 2: ["ok"], 3: ["ok"]}
+
+
+def test_returned_matches_every_pending_duplicate(channel, confirmer):
+    outcomes = Outcomes()
+    _publish(confirmer, outcomes, 0)
+    _publish(confirmer, outcomes, 1)
+    channel.returned("ex", "rk", _message("m1"))
+    channel.ack(2, multiple=True)
+    assert outcomes.settled == {0: [RETURNED], 1: [RETURNED]}
+
+
+def test_returned_then_nacked_fails_once(channel, confirmer):
+    outcomes = Outcomes()
+    _publish(confirmer, outcomes, 0)
+    channel.returned("ex", "rk", _message("m1"))
+    channel.nack(1)
+    assert outcomes.settled == {0: [NACKED]}
+
+
+def test_return_for_a_settled_publish_does_not_leak_onto_the_next(channel, confirmer):
+    outcomes = Outcomes()
+    _publish(confirmer, outcomes, 0)
+    channel.ack(1)
+    channel.returned("ex", "rk", _message("m1"))  # late, unknown: matches nothing pending
+    _publish(confirmer, outcomes, 1)
+    channel.ack(2)
+    assert outcomes.settled == {0: ["ok"], 1: ["ok"]}
+
+
+def test_a_publish_that_raises_registers_nothing(channel, confirmer, mocker):
+    outcomes = Outcomes()
+    mocker.patch.object(channel, "send_method", side_effect=ConnectionError("gone"))
+    mocker.patch.object(channel, "basic_publish", side_effect=ConnectionError("gone"))
+    with pytest.raises(ConnectionError):
+        _publish(confirmer, outcomes, 0)
+    assert confirmer.pending == 0
+    mocker.stopall()
+    assert _publish(confirmer, outcomes, 1) == 1, "the broker numbers only what it received"
+    channel.ack(1)
+    assert outcomes.settled == {1: ["ok"]}
+
+
+def test_fail_all(channel, confirmer):
+    outcomes = Outcomes()
+    for i in range(3):
+        _publish(confirmer, outcomes, i)
+    channel.ack(1)
+    channel.returned("ex", "rk", _message("m1"))
+    confirmer.fail_all("connection lost")
+    assert outcomes.settled == {0: ["ok"], 1: ["connection lost"], 2: ["connection lost"]}
+    assert confirmer.pending == 0
+    channel.ack(3, multiple=True)  # nothing left to settle
+    assert outcomes.settled == {0: ["ok"], 1: ["connection lost"], 2: ["connection lost"]}
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["publish", "ack", "nack", "return"]), st.integers(min_value=1, max_value=12),
+              st.booleans(), st.sampled_from(["m1", "m2"])),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations)
+def test_every_publish_is_settled_exactly_once(ops):
+    channel = FakeChannel()
+    confirmer = Confirmer(channel)
+    outcomes = Outcomes()
+    ids: dict[int, str] = {}
+    returned: set[str] = set()
+    for op, tag, multiple, message_id in ops:
+        if op == "publish":
+            seq = _publish(confirmer, outcomes, len(ids), message_id=message_id)
+            ids[seq - 1] = message_id
+        elif op == "ack":
+            channel.ack(tag, multiple)
+        elif op == "nack":
+            channel.nack(tag, multiple)
+        else:
+            channel.returned("ex", "rk", _message(message_id))
+            returned.add(message_id)
+        assert confirmer.pending == len(ids) - len(outcomes.settled)
+    channel.ack(len(ids), multiple=True)
+    assert confirmer.pending == 0
+    assert set(outcomes.settled) == set(ids)
+    for index, results in outcomes.settled.items():
+        assert len(results) == 1, f"publish {index} settled {results}"
+        if results == [RETURNED]:
+            assert ids[index] in returned

@@ -1,0 +1,241 @@
+"""events.py without a broker: handler registration, the event decorator, the worker step."""
+from __future__ import annotations
+
+import celery
+import pytest
+
+from kombu_events import Events, events as events_module
+from kombu_events.backoff import Constant, Exponential
+from kombu_events.bootstep import OPTION, EventsStep
+from kombu_events.errors import ConfigurationError
+
+
+@pytest.fixture
+def app():
+    # Constructing a Celery app opens no connection (the autouse fixture would fail the test if it did).
+    return celery.Celery("proj", broker="memory://", set_as_current=False)
+
+
+@pytest.fixture
+def events(app, monkeypatch):
+    for variable in ("AMQP_EVENTS_MAX_RETRIES", "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",
+                     "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH", "RABBIT_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    return Events(app, "billing", delay_levels=4)
+
+
+def test_step_and_worker_option_are_installed_once(app):
+    Events(app, "billing")
+    Events(app, "shipping")
+    assert EventsStep in app.steps["consumer"]
+    assert len(app.steps["consumer"]) == 1
+    options = [o for o in app.user_options["worker"] if OPTION in getattr(o, "opts", ())]
+    assert len(options) == 1
+    (option,) = options
+    assert option.is_flag and option.default is False
+    assert option.name == "with_events_step"
+
+
+def test_instances_are_registered_for_the_pool(app):
+    first, second = Events(app, "billing"), Events(app, "shipping")
+    assert events_module.registered == [first, second]
+
+
+def test_handler_registration_and_default_queue_names(events):
+    @events.handler("orders.*.created")
+    def on_order_created(payload):
+        return payload
+
+    @events.handler("orders.#", "refunds.#", queue="billing.audit-log", max_retries=2, bind=True)
+    def audit(event):
+        pass
+
+    @events.handler("orders.#", name="second_audit", raw=True, backoff=Constant(every_ms=500))
+    def audit_again(body):
+        pass
+
+    assert on_order_created({"a": 1}) == {"a": 1}, "the decorator returns the function itself"
+    first, second, third = events.handlers
+    assert (first.name, first.queue, first.binding_keys) == ("on_order_created", "billing.on_order_created",
+                                                             ("orders.*.created",))
+    assert (first.max_retries, first.bind, first.raw) == (5, False, False)
+    assert first.backoff == Exponential(max_delay_ms=15_000), "default backoff clamped to 4 levels"
+    assert (second.name, second.queue, second.binding_keys) == ("audit", "billing.audit-log",
+                                                                ("orders.#", "refunds.#"))
+    assert (second.max_retries, second.bind) == (2, True)
+    assert (third.name, third.queue, third.raw, third.backoff) == (
+        "second_audit", "billing.second_audit", True, Constant(every_ms=500))
+    assert events.handler_for("billing.audit-log") is second
+    assert events.handler_for("billing.nobody") is None
+    assert [q.name for q in events.topology().handler_queues] == [
+        "billing.on_order_created", "billing.audit-log", "billing.second_audit"]
+
+
+def test_retry_for_and_dont_retry_are_normalised(events):
+    @events.handler("a.#", retry_for=OSError, dont_retry=[KeyError, ValueError])
+    def handle(payload):
+        pass
+
+    (handler,) = events.handlers
+    assert handler.retry_for == (OSError,)
+    assert handler.dont_retry == (KeyError, ValueError)
+
+
+def test_duplicate_queue_is_a_configuration_error(events):
+    @events.handler("a.#")
+    def handle(payload):
+        pass
+
+    @events.handler("b.#", name="handle")
+    def other(payload):
+        pass
+
+    with pytest.raises(ConfigurationError) as info:
+        events.handlers
+    message = str(info.value)
+    assert "'billing.handle'" in message and "name= or queue=" in message
+
+
+@pytest.mark.parametrize("keys", [(), ("orders.*x",), ("",), ("k" * 256,)])
+def test_bad_binding_keys(events, keys):
+    with pytest.raises(ConfigurationError):
+        events.handler(*keys)
+
+
+@pytest.mark.parametrize("queue", ["billing.*", "bill ing", ""])
+def test_bad_explicit_queue_names(events, queue):
+    with pytest.raises(ConfigurationError, match="queue"):
+        events.handler("a.#", queue=queue)
+
+
+@pytest.mark.parametrize("max_retries", [-1, 10_001, "3", True, 1.5])
+def test_bad_max_retries(events, max_retries):
+    @events.handler("a.#", max_retries=max_retries)
+    def handle(payload):
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"max_retries of handler 'handle' must be an integer within 0 \.\. 10000"):
+        events.handlers
+
+
+def test_backoff_beyond_the_ladder(events):
+    @events.handler("a.#", backoff=Exponential(max_delay_ms=16_000))
+    def handle(payload):
+        pass
+
+    with pytest.raises(ConfigurationError, match="backoff max_delay_ms of handler 'handle'.*at most 15000 ms"):
+        events.handlers
+
+
+def test_queue_name_too_long_for_the_ladder(events):
+    longest = events.settings.max_queue_bytes  # 255 - 2 * 4 levels
+    assert longest == 247
+
+    @events.handler("a.#", queue="q" * longest)
+    def fits(payload):
+        pass
+
+    assert events.handlers[0].queue == "q" * longest
+
+    @events.handler("a.#", queue="q" * (longest + 1))
+    def too_long(payload):
+        pass
+
+    with pytest.raises(ConfigurationError, match=f"queue of handler 'too_long'.*at most {longest} bytes"):
+        events.handlers
+
+
+@pytest.mark.parametrize("queue", ["billing.delivery", "billing.archive", "billing.delay.0", "billing.delay.x"])
+def test_queue_names_of_the_service_itself_are_reserved(events, queue):
+    @events.handler("a.#", queue=queue)
+    def handle(payload):
+        pass
+
+    with pytest.raises(ConfigurationError, match="collides with the service's own entities"):
+        events.handlers
+
+
+def test_invalid_service_name(app):
+    with pytest.raises(ConfigurationError, match="service"):
+        Events(app, "bill*ing")
+
+
+def test_settings_come_from_celery_conf(app, monkeypatch):
+    monkeypatch.delenv("AMQP_EVENTS_MAX_RETRIES", raising=False)
+    app.conf.update(kombu_events_max_retries=2, kombu_events_delay_levels=6)
+    events = Events(app, "billing", delay_levels=5)
+    assert (events.settings.max_retries, events.settings.delay_levels) == (2, 5)
+
+
+def test_broker_url(app, monkeypatch):
+    monkeypatch.delenv("RABBIT_URL", raising=False)
+    assert Events(app, "a").broker_url == "memory://"
+    assert Events(app, "b", broker="amqp://explicit//").broker_url == "amqp://explicit//"
+    monkeypatch.setenv("RABBIT_URL", "amqp://env//")
+    assert Events(app, "c").broker_url == "amqp://env//"
+
+
+def test_publish_builds_and_sends_a_confirmed_message(events, mocker):
+    publisher = mocker.Mock()
+    mocker.patch.object(Events, "publisher", new=publisher)
+    message_id = events.publish("billing.invoice.paid", {"id": 7}, headers={"x-request-id": "r"},
+                                message_id="m-7", correlation_id="c-7")
+    assert message_id == "m-7"
+    ((exchange, routing_key, message), _kwargs) = publisher.publish.call_args
+    assert (exchange, routing_key) == ("events", "billing.invoice.paid")
+    assert message.body == b'{"id":7}'
+    assert message.properties["application_headers"] == {"x-request-id": "r"}
+    assert message.properties["correlation_id"] == "c-7"
+
+
+@pytest.mark.parametrize("routing_key", ["billing.*", "", "a b"])
+def test_publish_rejects_bad_routing_keys_before_publishing(events, mocker, routing_key):
+    publisher = mocker.Mock()
+    mocker.patch.object(Events, "publisher", new=publisher)
+    with pytest.raises(ConfigurationError, match="routing_key"):
+        events.publish(routing_key, {})
+    publisher.publish.assert_not_called()
+
+
+@pytest.fixture
+def published(mocker):
+    return mocker.patch.object(Events, "publish", autospec=True, return_value="m-1")
+
+
+def test_event_decorator_publishes_the_bound_arguments(events, published):
+    @events.event("billing.invoice.paid")
+    def invoice_paid(invoice_id, amount, currency="EUR"):
+        """Validate an invoice payment."""
+
+    assert invoice_paid(7, amount=12.5) == "m-1"
+    published.assert_called_once_with(events, "billing.invoice.paid",
+                                      {"invoice_id": 7, "amount": 12.5, "currency": "EUR"})
+    assert invoice_paid.routing_key == "billing.invoice.paid"
+    assert invoice_paid.__name__ == "invoice_paid" and invoice_paid.__doc__ == "Validate an invoice payment."
+
+
+def test_event_decorator_publishes_the_return_value(events, published):
+    @events.event("billing.invoice.paid")
+    def invoice_paid(invoice_id):
+        return {"id": invoice_id, "version": 2}
+
+    invoice_paid(7)
+    published.assert_called_once_with(events, "billing.invoice.paid", {"id": 7, "version": 2})
+
+
+def test_event_decorator_body_can_refuse(events, published):
+    @events.event("billing.invoice.paid")
+    def invoice_paid(amount):
+        if amount <= 0:
+            raise ValueError("amount must be positive")
+
+    with pytest.raises(ValueError, match="positive"):
+        invoice_paid(-1)
+    with pytest.raises(TypeError):
+        invoice_paid()  # wrong arguments never publish either
+    published.assert_not_called()
+
+
+def test_event_decorator_rejects_wildcard_routing_keys(events):
+    with pytest.raises(ConfigurationError, match="routing_key"):
+        events.event("billing.#")

@@ -1,0 +1,192 @@
+"""runner.py: what runs in the pool -- decode, call the handler, classify how it ended."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from kombu_events import decision, runner
+from kombu_events.backoff import Exponential
+from kombu_events.codec import JSON
+from kombu_events.event import Event
+from kombu_events.failures import Archive, Retry, poisonous
+from kombu_events.handlers import Handler
+
+QUEUE = "billing.audit"
+ACCEPT = frozenset({JSON})
+
+
+def _handler(fn=lambda payload: None, **kwargs) -> Handler:
+    options = {"name": "audit", "queue": QUEUE, "binding_keys": ("orders.#",), "max_retries": 5,
+               "backoff": Exponential()}
+    options.update(kwargs)
+    return Handler(fn=fn, **options)
+
+
+def _raised(exc: BaseException) -> BaseException:
+    """``exc`` with a real traceback."""
+    try:
+        raise exc
+    except BaseException as caught:
+        return caught
+
+
+def _poisoned() -> BaseException:
+    try:
+        with poisonous():
+            int("not a number")
+    except BaseException as caught:
+        return caught
+    raise AssertionError("poisonous() did not raise")
+
+
+class Transient(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "exc, handler_options, kind, reason",
+    [
+        (Retry(2.5), {}, decision.RETRY, "retry in 2.5 s"),
+        (Retry(), {}, decision.RETRY, "retry"),
+        (Retry(1, reason="rate limited"), {}, decision.RETRY, "rate limited"),
+        (Archive("order cancelled"), {}, decision.ARCHIVE, "order cancelled"),
+        (_poisoned(), {}, decision.ARCHIVE, "poisonous section failed: ValueError: invalid literal"),
+        (KeyError("id"), {"dont_retry": (KeyError,)}, decision.ARCHIVE, "dont_retry: builtins.KeyError: 'id'"),
+        (KeyError("id"), {"dont_retry": (LookupError,), "retry_for": (KeyError,)}, decision.ARCHIVE, "dont_retry:"),
+        (ValueError("x"), {"retry_for": (Transient,)}, decision.ARCHIVE, "not in retry_for: builtins.ValueError: x"),
+        (Transient("later"), {"retry_for": (Transient,)}, decision.FAILED, f"{__name__}.Transient: later"),
+        (ValueError("boom"), {}, decision.FAILED, "builtins.ValueError: boom"),
+        (Retry(1), {"dont_retry": (Exception,)}, decision.RETRY, "retry in 1 s"),
+        (Archive("x"), {"retry_for": (Archive,)}, decision.ARCHIVE, "x"),
+    ],
+)
+def test_classify(exc, handler_options, kind, reason):
+    outcome = runner.classify(_raised(exc), _handler(**handler_options), 2000)
+    assert outcome.kind == kind
+    assert outcome.reason.startswith(reason)
+    assert outcome.exception == f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    assert outcome.traceback.startswith("Traceback (most recent call last)")
+    assert type(exc).__name__ in outcome.traceback.splitlines()[-1]
+
+
+@pytest.mark.parametrize("exc, delay_ms", [(Retry(2.5), 2500), (Retry(0), 0), (Retry(), None)])
+def test_classify_retry_delay_is_in_milliseconds(exc, delay_ms):
+    assert runner.classify(_raised(exc), _handler(), 100).delay_ms == delay_ms
+
+
+def _deep(depth: int) -> None:
+    if depth:
+        _deep(depth - 1)
+    raise ValueError("the-last-words")
+
+
+@pytest.mark.parametrize("limit", [1, 50, 200])
+def test_traceback_is_bounded_and_keeps_its_tail(limit):
+    try:
+        _deep(10)
+    except ValueError as caught:
+        exc = caught
+    full = runner.classify(exc, _handler(), 60_000).traceback
+    assert len(full) > 200
+    bounded = runner.classify(exc, _handler(), limit).traceback
+    assert len(bounded) == limit
+    assert full.endswith(bounded)
+
+
+def test_traceback_limit_zero_means_none():
+    assert runner.classify(_raised(ValueError("x")), _handler(), 0).traceback == ""
+
+
+@pytest.fixture
+def register():
+    """Put a handler in the pool-side registry (the autouse fixture empties it afterwards)."""
+
+    def put(handler: Handler, accept=ACCEPT, traceback_limit: int = 2000) -> Handler:
+        runner._registry[handler.queue] = (handler, accept, traceback_limit)
+        return handler
+
+    return put
+
+
+def test_run_ok_passes_the_decoded_payload(register):
+    calls = []
+    register(_handler(calls.append))
+    outcome = runner.run(QUEUE, b'{"order_id": 7}', JSON, "utf-8")
+    assert outcome == decision.Outcome(decision.OK)
+    assert calls == [{"order_id": 7}]
+
+
+def test_run_bind_gets_an_event(register):
+    calls = []
+    register(_handler(calls.append, bind=True))
+    headers = {"x-request-id": "r1"}
+    properties = {"message_id": "m-1", "correlation_id": "c-1", "content_type": JSON, "timestamp": 1700000000}
+    body = json.dumps({"order_id": 7}).encode()
+    outcome = runner.run(QUEUE, body, JSON, "utf-8", ("orders.7.created", 3, headers, properties))
+    assert outcome.kind == decision.OK
+    (event,) = calls
+    assert isinstance(event, Event)
+    assert event == Event({"order_id": 7}, "orders.7.created", QUEUE, 3, headers, properties, body)
+    assert (event.message_id, event.correlation_id, event.content_type, event.timestamp) == (
+        "m-1", "c-1", JSON, 1700000000)
+
+
+def test_run_raw_gets_the_body_bytes_even_if_they_are_not_json(register):
+    calls = []
+    register(_handler(calls.append, raw=True))
+    assert runner.run(QUEUE, b"\x00\xffbinary", "application/octet-stream", None).kind == decision.OK
+    assert calls == [b"\x00\xffbinary"]
+
+
+@pytest.mark.parametrize(
+    "body, content_type, reason",
+    [(b"not json", JSON, "not valid JSON"), (b"{}", "text/plain", "'text/plain' is not accepted")],
+)
+def test_run_undecodable_never_calls_the_handler(register, body, content_type, reason):
+    calls = []
+    register(_handler(calls.append))
+    outcome = runner.run(QUEUE, body, content_type, None)
+    assert outcome.kind == decision.UNDECODABLE
+    assert reason in outcome.reason
+    assert outcome.exception.startswith("DecodeError: ")
+    assert calls == []
+
+
+def test_run_classifies_handler_exceptions(register):
+    def fails(payload):
+        raise Retry(5)
+
+    register(_handler(fails), traceback_limit=30)
+    outcome = runner.run(QUEUE, b"{}", JSON, None)
+    assert (outcome.kind, outcome.delay_ms) == (decision.RETRY, 5000)
+    assert len(outcome.traceback) == 30
+
+
+def test_run_unknown_queue_is_lost():
+    outcome = runner.run("billing.nobody", b"{}", JSON, None)
+    assert outcome.kind == decision.LOST
+    assert "'billing.nobody'" in outcome.reason
+
+
+def test_run_finds_handlers_of_registered_events_and_caches_them(mocker):
+    calls = []
+    handler = _handler(calls.append)
+    service = SimpleNamespace(handler_for=mocker.Mock(side_effect=lambda q: handler if q == QUEUE else None),
+                              accept=ACCEPT, settings=SimpleNamespace(traceback_limit=10))
+    mocker.patch("kombu_events.events.registered", [service])
+    assert runner.run(QUEUE, b"[1]", JSON, None).kind == decision.OK
+    assert runner.run(QUEUE, b"[2]", JSON, None).kind == decision.OK
+    assert calls == [[1], [2]]
+    assert runner._registry[QUEUE] == (handler, ACCEPT, 10)
+    service.handler_for.assert_called_once_with(QUEUE)
+
+
+def test_outcomes_are_picklable_for_the_prefork_pipe(register):
+    import pickle
+
+    register(_handler(lambda payload: 1 / 0))
+    outcome = runner.run(QUEUE, b"{}", JSON, None)
+    assert pickle.loads(pickle.dumps(outcome)) == outcome
+    assert outcome.kind == decision.FAILED

@@ -1,0 +1,193 @@
+"""topology.py: every exchange, queue, argument and binding of a service, with no I/O."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kombu_events.backoff import Exponential
+from kombu_events.config import Settings
+from kombu_events.handlers import Handler
+from kombu_events.topology import build_topology
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def _handler(queue: str, *keys: str) -> Handler:
+    return Handler(fn=lambda payload: None, name=queue.rsplit(".", 1)[-1], queue=queue,
+                   binding_keys=keys, max_retries=5, backoff=Exponential())
+
+
+HANDLERS = (
+    _handler("billing.on_order_created", "orders.*.created"),
+    _handler("billing.audit", "orders.#", "refunds.#"),
+)
+
+
+def _settings(**kwargs) -> Settings:
+    values = {"service": "billing", "delay_levels": 3, "delay_unit_ms": 1000,
+              "archive_ttl_ms": DAY_MS, "archive_max_length": 500}
+    values.update(kwargs)
+    return Settings(**values)
+
+
+def _bindings(queue) -> set[tuple[str, str, str]]:
+    return {(b.exchange.name, b.exchange.type, b.routing_key) for b in queue.bindings}
+
+
+def test_every_exchange_of_a_two_handler_service():
+    topology = build_topology(_settings(), HANDLERS)
+    assert [(e.name, e.type, e.durable) for e in topology.exchanges] == [
+        ("events", "topic", True),
+        ("billing.delay.2", "topic", True),
+        ("billing.delay.1", "topic", True),
+        ("billing.delay.0", "topic", True),
+        ("billing.delivery", "topic", True),
+        ("billing.archive", "fanout", True),
+    ]
+
+
+def test_every_queue_with_every_argument():
+    topology = build_topology(_settings(), HANDLERS)
+    assert {q.name: (q.durable, dict(q.queue_arguments)) for q in topology.queues} == {
+        "billing.on_order_created": (True, {
+            "x-dead-letter-exchange": "billing.delay.2",
+            "x-dead-letter-routing-key": "0.0.1.billing.on_order_created",
+        }),
+        "billing.audit": (True, {
+            "x-dead-letter-exchange": "billing.delay.2",
+            "x-dead-letter-routing-key": "0.0.1.billing.audit",
+        }),
+        "billing.delay.2": (True, {"x-message-ttl": 4000, "x-dead-letter-exchange": "billing.delay.1"}),
+        "billing.delay.1": (True, {"x-message-ttl": 2000, "x-dead-letter-exchange": "billing.delay.0"}),
+        "billing.delay.0": (True, {"x-message-ttl": 1000, "x-dead-letter-exchange": "billing.delivery"}),
+        "billing.archive": (True, {"x-message-ttl": DAY_MS, "x-max-length": 500}),
+    }
+    assert [q.name for q in topology.queues][:2] == ["billing.on_order_created", "billing.audit"]
+    assert [q.name for q in topology.handler_queues] == ["billing.on_order_created", "billing.audit"]
+
+
+def test_every_queue_binding():
+    topology = build_topology(_settings(), HANDLERS)
+    assert {q.name: _bindings(q) for q in topology.queues} == {
+        "billing.on_order_created": {
+            ("events", "topic", "orders.*.created"),
+            ("billing.delivery", "topic", "*.*.*.billing.on_order_created"),
+        },
+        "billing.audit": {
+            ("events", "topic", "orders.#"),
+            ("events", "topic", "refunds.#"),
+            ("billing.delivery", "topic", "*.*.*.billing.audit"),
+        },
+        "billing.delay.2": {("billing.delay.2", "topic", "1.*.*.#")},
+        "billing.delay.1": {("billing.delay.1", "topic", "*.1.*.#")},
+        "billing.delay.0": {("billing.delay.0", "topic", "*.*.1.#")},
+        "billing.archive": {("billing.archive", "fanout", "")},
+    }
+
+
+def test_every_exchange_to_exchange_binding():
+    topology = build_topology(_settings(), HANDLERS)
+    assert [(eb.destination.name, eb.source.name, eb.routing_key) for eb in topology.exchange_bindings] == [
+        ("billing.delay.1", "billing.delay.2", "0.*.*.#"),
+        ("billing.delay.0", "billing.delay.1", "*.0.*.#"),
+        ("billing.delivery", "billing.delay.0", "*.*.0.#"),
+    ]
+    declared = {e.name for e in topology.exchanges}
+    for eb in topology.exchange_bindings:
+        assert {eb.source.name, eb.destination.name} <= declared
+
+
+def test_named_entry_points():
+    topology = build_topology(_settings(), HANDLERS)
+    assert topology.ladder_entry == "billing.delay.2"
+    assert topology.archive_exchange == "billing.archive"
+
+
+def test_other_exchange_and_ttl_unit():
+    topology = build_topology(_settings(exchange="domain", delay_unit_ms=250, delay_levels=2), HANDLERS[:1])
+    assert topology.exchanges[0].name == "domain"
+    assert {b.exchange.name for b in topology.queues[0].bindings} == {"domain", "billing.delivery"}
+    assert [q.queue_arguments["x-message-ttl"] for q in topology.queues[1:3]] == [500, 250]
+
+
+@pytest.mark.parametrize(
+    "ttl, length, expected",
+    [
+        (0, 0, {}),
+        (0, 5, {"x-max-length": 5}),
+        (5, 0, {"x-message-ttl": 5}),
+        (5, 6, {"x-message-ttl": 5, "x-max-length": 6}),
+    ],
+)
+def test_archive_arguments_are_omitted_when_zero(ttl, length, expected):
+    topology = build_topology(_settings(archive_ttl_ms=ttl, archive_max_length=length), HANDLERS)
+    archive = topology.queues[-1]
+    assert archive.name == "billing.archive"
+    assert dict(archive.queue_arguments or {}) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=32))
+def test_entity_counts(handler_count, levels):
+    handlers = [_handler(f"svc.h{i}", f"k{i}.#") for i in range(handler_count)]
+    topology = build_topology(Settings(service="svc", delay_levels=levels), handlers)
+    assert len(topology.queues) == levels + handler_count + 1
+    assert len(topology.exchanges) == levels + 3
+    assert len(topology.exchange_bindings) == levels
+    assert [q.name for q in topology.handler_queues] == [h.queue for h in handlers]
+    assert len({q.name for q in topology.queues}) == len(topology.queues), "queue names are unique"
+    assert all(q.durable for q in topology.queues) and all(e.durable for e in topology.exchanges)
+
+
+QUORUM_DEAD_LETTERING = {"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
+                         "x-overflow": "reject-publish"}
+
+
+def test_quorum_mode():
+    classic = {q.name: dict(q.queue_arguments or {}) for q in build_topology(_settings(), HANDLERS).queues}
+    quorum = build_topology(_settings(queue_type="quorum"), HANDLERS)
+    for queue in quorum.queues:
+        args = dict(queue.queue_arguments)
+        if queue.name == "billing.archive":
+            # the archive dead-letters nothing: quorum, but no at-least-once or reject-publish
+            assert args == {"x-queue-type": "quorum", **classic[queue.name]}
+        else:
+            assert args == {**QUORUM_DEAD_LETTERING, **classic[queue.name]}
+
+
+def test_classic_mode_sets_no_quorum_arguments():
+    for queue in build_topology(_settings(), HANDLERS).queues:
+        assert not set(queue.queue_arguments or {}) & set(QUORUM_DEAD_LETTERING)
+
+
+def test_describe_lists_every_entity():
+    topology = build_topology(_settings(), HANDLERS)
+    lines = topology.describe()
+    assert "exchange events type=topic durable=True" in lines
+    assert "exchange billing.archive type=fanout durable=True" in lines
+    assert ("queue billing.audit durable=True x-dead-letter-exchange=billing.delay.2 "
+            "x-dead-letter-routing-key=0.0.1.billing.audit") in lines
+    assert "queue billing.delay.0 durable=True x-dead-letter-exchange=billing.delivery x-message-ttl=1000" in lines
+    assert f"queue billing.archive durable=True x-max-length=500 x-message-ttl={DAY_MS}" in lines
+    assert "  bind queue billing.audit <- exchange events key='refunds.#'" in lines
+    assert "  bind queue billing.archive <- exchange billing.archive key=''" in lines
+    assert "bind exchange billing.delivery <- exchange billing.delay.0 key='*.*.0.#'" in lines
+    for exchange in topology.exchanges:
+        assert f"exchange {exchange.name} type={exchange.type} durable=True" in lines
+    text = "\n".join(lines)
+    for queue in topology.queues:
+        assert f"queue {queue.name} durable=True" in text
+        for key, value in queue.queue_arguments.items():
+            assert f"{key}={value}" in text
+        for b in queue.bindings:
+            assert f"  bind queue {queue.name} <- exchange {b.exchange.name} key={b.routing_key!r}" in lines
+    for eb in topology.exchange_bindings:
+        assert f"bind exchange {eb.destination.name} <- exchange {eb.source.name} key={eb.routing_key!r}" in lines
+    bindings = sum(len(q.bindings) for q in topology.queues)
+    assert len(lines) == len(topology.exchanges) + len(topology.queues) + bindings + len(topology.exchange_bindings)
+
+
+def test_describe_without_arguments_has_no_trailing_space():
+    lines = build_topology(_settings(archive_ttl_ms=0, archive_max_length=0), []).describe()
+    assert "queue billing.archive durable=True" in lines
