@@ -62,7 +62,7 @@ def message_key(properties: dict[str, Any], body: bytes, headers: dict[str, Any]
 
 
 def _parse(msg: Any) -> ArchivedMessage:
-    body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
+    body = msg.body  # bytes: archive channels are opened with auto_decode off
     h = dict(msg.properties.get("application_headers") or {})
     return ArchivedMessage(
         id=message_key(msg.properties, body, h), queue=str(h.get(wire.QUEUE, "")),
@@ -82,10 +82,16 @@ def _scan(channel: Any, queue: str) -> Iterator[ArchivedMessage]:
         yield _parse(msg)
 
 
+def _channel(connection: Any) -> Any:
+    channel = connection.channel()
+    channel.auto_decode = False  # keep body bytes exactly as archived
+    return channel
+
+
 def read(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] = lambda m: True,
          limit: int | None = None) -> list[ArchivedMessage]:
     """Archived messages that ``match`` (at most ``limit``); the archive is left unchanged."""
-    channel = connection.channel()
+    channel = _channel(connection)
     try:
         found = []
         for message in _scan(channel, topology.archive_exchange):
@@ -101,7 +107,7 @@ def read(connection: Any, topology: Topology, match: Callable[[ArchivedMessage],
 def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
            limit: int | None = None) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
     """Replay matching messages to their queues; return (replayed, [(kept, why)])."""
-    channel = connection.channel()
+    channel = _channel(connection)
     confirmer = Confirmer(channel)
     replayed: list[ArchivedMessage] = []
     kept: list[tuple[ArchivedMessage, str]] = []
@@ -140,7 +146,7 @@ def _acker(channel: Any, message: ArchivedMessage, replayed: list[ArchivedMessag
 
 def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] | None = None) -> int:
     """Delete archived messages (all, or those that ``match``); return how many."""
-    channel = connection.channel()
+    channel = _channel(connection)
     try:
         if match is None:
             return channel.queue_purge(topology.archive_exchange) or 0

@@ -12,6 +12,7 @@ from kombu.serialization import loads, prepare_accept_content
 from .errors import ConfigurationError, DecodeError
 
 JSON = "application/json"
+_UTF8 = ("utf-8", "utf8", "binary")
 
 
 def accept_set(accept: Iterable[str]) -> frozenset[str]:
@@ -31,9 +32,11 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
     content_type = (content_type or JSON).split(";", 1)[0].strip().lower() or JSON
     if content_type == JSON and JSON in accept:
         try:
+            if content_encoding and content_encoding.lower() not in _UTF8:
+                body = body.decode(content_encoding)
             return json.loads(body)
-        except (ValueError, TypeError) as exc:
-            raise DecodeError(f"body is not valid JSON: {exc}") from exc
+        except (ValueError, TypeError, LookupError) as exc:
+            raise DecodeError(f"body is not valid JSON in {content_encoding or 'utf-8'}: {exc}") from exc
     if content_type not in accept:
         raise DecodeError(
             f"content type {content_type!r} is not accepted (accept_content: {', '.join(sorted(accept))})"

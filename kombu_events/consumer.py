@@ -10,6 +10,7 @@ __all__ = ["ServiceConsumer"]
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
@@ -56,6 +57,7 @@ class ServiceConsumer:
         self._userid = getattr(connection, "userid", None)
         self._loop_ident = threading.get_ident()
         channel = connection.channel()
+        channel.auto_decode = False  # handlers get the body bytes as published, never a str
         channel.basic_qos(0, self.settings.prefetch_count, False)
         publish_channel = connection.channel()
         self._confirmer = Confirmer(publish_channel)
@@ -88,8 +90,10 @@ class ServiceConsumer:
         self._consumers = []
 
     def shutdown(self) -> None:
-        """Stop and close everything."""
+        """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
         self.stop()
+        self._drain_mailbox()  # thread-pool completions posted once the event loop had stopped
+        self._await_confirms(timeout_s=5.0)
         self._close_channels()
         if self._wake is not None:
             if self._hub is not None:
@@ -97,6 +101,18 @@ class ServiceConsumer:
             for fd in self._wake:
                 _quietly(os.close, fd)
             self._wake = None
+
+    def _await_confirms(self, *, timeout_s: float) -> None:
+        confirmer = self._confirmer
+        deadline = time.monotonic() + timeout_s
+        while confirmer is not None and confirmer.pending and time.monotonic() < deadline:
+            try:
+                confirmer.channel.connection.drain_events(timeout=0.2)
+            except socket.timeout:
+                continue
+            except Exception as exc:  # connection gone: unconfirmed originals are redelivered
+                logger.debug("kombu-events: stopped waiting for confirms: %s", exc)
+                return
 
     def _close_channels(self) -> None:
         # Pending confirms die with their channel; their originals are redelivered.
@@ -115,7 +131,7 @@ class ServiceConsumer:
         done = partial(self._post, handler, message, attempt, routing_key, time.monotonic())
         if message.delivery_info.get("redelivered"):
             # Its last delivery ended without an ack (worker or connection lost): count it.
-            done(decision.Outcome(decision.LOST, "redelivered after an unacknowledged delivery"))
+            done(decision.Outcome(decision.REDELIVERED, "redelivered after an unacknowledged delivery"))
             return
         meta = (routing_key, attempt, headers, message.properties) if handler.bind else None
         self._pool.apply_async(runner.run, (queue, message.body, message.content_type,
@@ -135,7 +151,7 @@ class ServiceConsumer:
 
     def _drain_mailbox(self, *_: Any) -> None:
         try:
-            while os.read(self._wake[0], 4096):
+            while self._wake is not None and os.read(self._wake[0], 4096):
                 pass
         except (BlockingIOError, OSError):
             pass
@@ -156,11 +172,15 @@ class ServiceConsumer:
                    started: float, result: Any) -> None:
         if not isinstance(result, decision.Outcome):  # billiard's ExceptionInfo: the process died
             exc = getattr(result, "exception", result)
-            result = decision.Outcome(decision.LOST, f"pool process lost: {type(exc).__name__}: {exc}",
-                                      f"{type(exc).__name__}: {exc}")
+            exc = getattr(exc, "exc", exc)  # billiard wraps it in ExceptionWithTraceback
+            what = f"{type(exc).__name__}: {exc}"
+            result = decision.Outcome(decision.LOST, f"pool process lost: {what}", what,
+                                      str(getattr(result, "traceback", "") or "")[-self.settings.traceback_limit:])
+        redeliveries = wire.redeliveries_of(message.headers) + 1 if result.kind == decision.REDELIVERED else 0
         verdict = decision.decide(
             result, attempt=attempt, max_retries=handler.max_retries, backoff=handler.backoff,
-            max_delay_ms=self.settings.max_delay_ms, lost_delay_ms=self.settings.delay_unit_ms)
+            max_delay_ms=self.settings.max_delay_ms, lost_delay_ms=self.settings.delay_unit_ms,
+            redeliveries=redeliveries)
         log = partial(log_outcome, queue=handler.queue, routing_key=routing_key,
                       message_id=message.properties.get("message_id"), attempt=attempt,
                       duration_ms=(time.monotonic() - started) * 1000)
@@ -168,23 +188,28 @@ class ServiceConsumer:
             if _quietly(message.ack):
                 log("ack")
         elif verdict.action == "retry":
-            self._retry(handler, message, attempt, routing_key, verdict, log, result)
+            headers = wire.retry_headers(message.headers, attempt=attempt, routing_key=routing_key,
+                                         error=result.exception or verdict.reason)
+            self._send_back(handler, message, attempt, routing_key, verdict, headers, log, result)
+        elif verdict.action == "requeue":
+            headers = wire.requeue_headers(message.headers, attempt=attempt, redeliveries=redeliveries,
+                                           routing_key=routing_key)
+            self._send_back(handler, message, attempt, routing_key, verdict, headers, log, result)
         else:
             self._archive(handler, message, attempt, routing_key, verdict.reason, result, log)
 
-    def _retry(self, handler, message, attempt, routing_key, verdict, log, result) -> None:
+    def _send_back(self, handler, message, attempt, routing_key, verdict, headers, log, result) -> None:
+        """Republish into the ladder, addressed to this queue after ``verdict.delay_ms``; then ack."""
         s = self.settings
         units = ladder.units_for(delay_ms=verdict.delay_ms, unit_ms=s.delay_unit_ms, levels=s.delay_levels)
         key = ladder.routing_key(delay_units=units, levels=s.delay_levels, queue=handler.queue)
-        headers = wire.retry_headers(message.headers, attempt=attempt, routing_key=routing_key,
-                                     error=result.exception or verdict.reason)
 
         def confirmed() -> None:
             if _quietly(message.ack):
-                log("retry", delay_ms=units * s.delay_unit_ms, reason=verdict.reason)
+                log(verdict.action, delay_ms=units * s.delay_unit_ms, reason=verdict.reason)
 
         def refused(why: str) -> None:
-            self._archive(handler, message, attempt, routing_key, f"retry publish failed ({why}); "
+            self._archive(handler, message, attempt, routing_key, f"{verdict.action} publish failed ({why}); "
                           f"{verdict.reason}", result, log)
 
         self._republish(message, headers, self.topology.ladder_entry, key, confirmed, refused)

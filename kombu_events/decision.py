@@ -6,7 +6,8 @@ consumer carries the decision out.
 """
 from __future__ import annotations
 
-__all__ = ["Outcome", "Decision", "decide", "OK", "FAILED", "RETRY", "ARCHIVE", "UNDECODABLE", "LOST"]
+__all__ = ["Outcome", "Decision", "decide", "OK", "FAILED", "RETRY", "ARCHIVE", "UNDECODABLE", "LOST",
+           "REDELIVERED"]
 
 import random
 from typing import Callable, NamedTuple
@@ -18,7 +19,8 @@ FAILED = "failed"  # the handler raised an exception that may be retried
 RETRY = "retry"  # the handler raised Retry
 ARCHIVE = "archive"  # Archive, poisonous() section, dont_retry, not in retry_for
 UNDECODABLE = "undecodable"  # body or content type rejected before the handler ran
-LOST = "lost"  # the pool process died, or the message came back redelivered
+LOST = "lost"  # the pool process died while the handler ran
+REDELIVERED = "redelivered"  # the broker redelivered it: the last delivery ended without an ack
 
 
 class Outcome(NamedTuple):
@@ -32,7 +34,11 @@ class Outcome(NamedTuple):
 
 
 class Decision(NamedTuple):
-    """What to do with the message: ``ack``, ``retry`` after ``delay_ms``, or ``archive``."""
+    """What to do with the message: ``ack``, ``retry`` after ``delay_ms``, ``requeue`` or ``archive``.
+
+    ``requeue`` sends it back to its queue at once without counting an attempt (only
+    a redelivery, counted apart).
+    """
 
     action: str
     delay_ms: float = 0
@@ -50,12 +56,24 @@ def decide(
     backoff: Backoff,
     max_delay_ms: float,
     lost_delay_ms: float,
+    redeliveries: int = 0,
     rand: Callable[[], float] = random.random,
 ) -> Decision:
-    """Decide the fate of a message after attempt ``attempt`` (1-based) ended with ``outcome``."""
+    """Decide the fate of a message after attempt ``attempt`` (1-based) ended with ``outcome``.
+
+    ``redeliveries`` counts broker redeliveries including this one. A redelivered
+    message may never have reached its handler (it was only prefetched), so it is
+    requeued without spending an attempt -- but a message redelivered more than
+    ``max_retries + 1`` times is taken for one that kills its worker, and archived.
+    """
     kind = outcome.kind
     if kind == OK:
         return ACK
+    if kind == REDELIVERED:
+        if redeliveries > max_retries + 1:
+            return Decision("archive", reason=f"redelivered {redeliveries} times without an ack "
+                                              f"(max_retries={max_retries}): does the handler kill its worker?")
+        return Decision("requeue", reason="redelivered after an unacknowledged delivery")
     if kind in (ARCHIVE, UNDECODABLE):
         return Decision("archive", reason=outcome.reason or kind)
     if attempt > max_retries:

@@ -9,7 +9,8 @@ from __future__ import annotations
 __all__ = [
     "ATTEMPTS", "ROUTING_KEY", "QUEUE", "FIRST_FAILURE_AT", "LAST_ERROR",
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
-    "attempt_of", "original_routing_key", "retry_headers", "archive_headers", "replay_headers",
+    "REDELIVERIES", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
+    "requeue_headers", "archive_headers", "replay_headers",
 ]
 
 from datetime import datetime, timezone
@@ -25,8 +26,10 @@ REASON = PREFIX + "reason"
 EXCEPTION = PREFIX + "exception"
 TRACEBACK = PREFIX + "traceback"
 ARCHIVED_AT = PREFIX + "archived-at"
+REDELIVERIES = PREFIX + "redeliveries"  # broker redeliveries, counted apart from attempts
 
-_FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEPTION, TRACEBACK, ARCHIVED_AT)
+_FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEPTION, TRACEBACK, ARCHIVED_AT,
+                    REDELIVERIES)
 _ERROR_LIMIT = 500
 
 
@@ -52,6 +55,14 @@ def attempt_of(headers: Mapping[str, Any] | None, queue: str) -> int:
     except (TypeError, ValueError, OverflowError):
         previous = 0
     return previous + rejected_count(headers, queue) + 1
+
+
+def redeliveries_of(headers: Mapping[str, Any] | None) -> int:
+    """Broker redeliveries this message went through before this delivery."""
+    try:
+        return max(0, int((headers or {}).get(REDELIVERIES) or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 def original_routing_key(headers: Mapping[str, Any] | None, routing_key: str, queue: str) -> str:
@@ -83,6 +94,17 @@ def retry_headers(
     new[ROUTING_KEY] = routing_key
     new.setdefault(FIRST_FAILURE_AT, _now())
     new[LAST_ERROR] = error[:_ERROR_LIMIT]
+    return new
+
+
+def requeue_headers(
+    headers: Mapping[str, Any] | None, *, attempt: int, redeliveries: int, routing_key: str
+) -> dict[str, Any]:
+    """Headers for sending a redelivered message back: attempts unchanged, one more redelivery."""
+    new = _kept(headers)
+    new[ATTEMPTS] = attempt - 1  # folds in rejects counted from x-death, which is dropped
+    new[REDELIVERIES] = redeliveries
+    new[ROUTING_KEY] = routing_key
     return new
 
 

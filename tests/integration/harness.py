@@ -1,6 +1,7 @@
 """Integration harness: unique services, real `celery worker` subprocesses, broker inspection."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -8,9 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote, unquote, urlsplit
 
 from kombu import Connection
 
@@ -42,6 +45,8 @@ from kombu_events import *
 
 app = Celery({service!r}, broker={broker!r})
 app.conf.broker_connection_retry_on_startup = True
+# Tasks go to a queue of this service only: workers of other tests never take them.
+app.conf.task_default_queue = {service!r} + ".tasks"
 RECORDS = {records!r}
 
 def record(**fields):
@@ -53,26 +58,64 @@ def record(**fields):
 
 
 class Project:
-    """A throw-away Celery project in ``tmp_path`` whose handlers append JSON lines to a file."""
+    """A throw-away Celery project in ``tmp_path`` whose handlers append JSON lines to a file.
+
+    In ``body``, ``SERVICE`` and ``EXCHANGE`` stand for the service name and the events
+    exchange (unique unless given; pass the same ``exchange`` to projects that share it).
+    ``cleanup()`` deletes both the service's entities and the exchange.
+    """
 
     def __init__(self, tmp_path: Path, broker_url: str, body: str, service: str | None = None,
-                 module: str | None = None) -> None:
+                 module: str | None = None, exchange: str | None = None) -> None:
         self.dir = tmp_path
         self.broker_url = broker_url
         self.service = service or unique("svc")
+        self.exchange = exchange or unique("ex")
         self.module = module or unique("proj_")
         self.records_path = tmp_path / f"{self.module}.records"
         source = HEADER.format(service=self.service, broker=broker_url, records=str(self.records_path))
-        source += textwrap.dedent(body).replace("SERVICE", repr(self.service))
+        source += (textwrap.dedent(body).replace("SERVICE", repr(self.service))
+                   .replace("EXCHANGE", repr(self.exchange)))
         (tmp_path / f"{self.module}.py").write_text(source)
         self.workers: list[Worker] = []
 
-    def records(self) -> list[dict[str, Any]]:
-        """Everything the handlers recorded so far."""
+    def records(self, **match: Any) -> list[dict[str, Any]]:
+        """Everything the handlers recorded so far (only records with these field values, if given)."""
         if not self.records_path.exists():
             return []
         lines = self.records_path.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        records = [json.loads(line) for line in lines if line.strip()]
+        return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+    def node_publish(self, *messages: dict[str, Any]) -> None:
+        """Publish :func:`node_message` messages to this project's exchange with the Node.js client."""
+        node_publish(self.broker_url, self.exchange, list(messages))
+
+    def send_task(self, name: str) -> None:
+        """Send the project's task ``name`` to the project's own task queue."""
+        from celery import Celery
+
+        app = Celery(broker=self.broker_url)
+        try:
+            app.send_task(f"{self.module}.{name}", queue=f"{self.service}.tasks")
+        finally:
+            app.close()
+
+    def declare(self) -> None:
+        """Declare the topology of the project's ``events`` without starting a worker."""
+        result = self.run_python(f"""
+            from kombu import Connection
+            from kombu_events.declare import declare
+            from {self.module} import events
+            with Connection(events.broker_url) as conn:
+                declare(events.topology(), conn)
+        """)
+        assert result.returncode == 0, result.stderr
+
+    def settled(self, *names: str) -> bool:
+        """Queues ``<service>.<name>`` hold nothing ready and nothing unacknowledged."""
+        counts = queue_counts(self.broker_url)
+        return all(counts[f"{self.service}.{name}"][:2] == (0, 0) for name in names)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -97,10 +140,10 @@ class Project:
                               capture_output=True, text=True, timeout=timeout)
 
     def cleanup(self) -> None:
-        """Stop workers, delete every entity of the service."""
+        """Kill workers (a warm stop waits up to 10 s for Celery's event loop), delete every entity."""
         for worker in self.workers:
-            worker.stop()
-        delete_service(self.broker_url, self.service)
+            worker.kill()
+        delete_service(self.broker_url, self.service, (self.exchange,))
 
 
 class Worker:
@@ -123,11 +166,24 @@ class Worker:
             raise AssertionError(f"worker exited with {self.proc.returncode}:\n{self.log[-4000:]}")
         return self
 
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        """Wait for the worker to exit on its own; its exit code."""
+        return self.proc.wait(timeout=timeout)
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Kill the main process (SIGKILL by default) and its pool children."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(timeout=30)
+        if sig == signal.SIGKILL:
+            self._reap()
+
+    def _reap(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # orphaned pool children, if any
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
 
     def stop(self, timeout: float = 20.0) -> None:
         """Warm shutdown (SIGTERM), then kill if it hangs."""
@@ -137,26 +193,72 @@ class Worker:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # orphaned pool children, if any
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._log.close()
+        self._reap()
 
 
 def queue_depth(broker_url: str, queue: str) -> tuple[int, int]:
-    """(ready messages, consumers) of ``queue``."""
+    """(ready messages, consumers) of ``queue``; unacknowledged messages are not counted."""
     with Connection(broker_url) as conn:
         _name, messages, consumers = conn.default_channel.queue_declare(queue, passive=True)
         return messages, consumers
 
 
+def queue_counts(broker_url: str) -> dict[str, tuple[int, int, int]]:
+    """{queue: (ready, unacknowledged, consumers)} for every queue: exact, but ~0.4 s (rabbitmqctl)."""
+    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", _vhost(broker_url), "--no-table-headers",
+                          "name", "messages_ready", "messages_unacknowledged", "consumers"],
+                         capture_output=True, text=True, check=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        name, ready, unacked, consumers = line.rsplit("\t", 3)
+        counts[name] = (int(ready), int(unacked), int(consumers))
+    return counts
+
+
+def get_messages(broker_url: str, queue: str) -> list[Any]:
+    """Take every ready message out of ``queue`` (``.body``, ``.headers``, ``.properties``)."""
+    messages = []
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        while True:
+            message = channel.basic_get(queue, no_ack=True)
+            if message is None:
+                return messages
+            messages.append(message)
+
+
+def _vhost(broker_url: str) -> str:
+    return unquote(urlsplit(broker_url).path[1:]) or "/"
+
+
+def _management(broker_url: str, path: str) -> Any:
+    """GET ``/api/<path>`` of the management plugin, with the broker URL's credentials."""
+    url = urlsplit(broker_url)
+    request = urllib.request.Request(f"http://{url.hostname or 'localhost'}:15672/api/{path}")
+    token = base64.b64encode(f"{unquote(url.username or 'guest')}:{unquote(url.password or 'guest')}".encode())
+    request.add_header("Authorization", "Basic " + token.decode())
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.load(response)
+
+
+def _names(broker_url: str, kind: str) -> list[str]:
+    """Names of every queue or exchange (``kind``) of the URL's vhost: management API, else rabbitmqctl."""
+    vhost = _vhost(broker_url)
+    try:  # ~10 ms; rabbitmqctl takes ~0.4 s
+        return [entry["name"] for entry in _management(broker_url, f"{kind}/{quote(vhost, safe='')}?columns=name")]
+    except OSError:
+        out = subprocess.run(["rabbitmqctl", "-q", f"list_{kind}", "-p", vhost, "--no-table-headers", "name"],
+                             capture_output=True, text=True, check=True).stdout
+        return out.split()
+
+
 def delete_service(broker_url: str, service: str, exchanges: tuple[str, ...] = ()) -> None:
     """Delete every queue and exchange named ``<service>`` or ``<service>.*`` (and ``exchanges``)."""
-    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "name"], capture_output=True, text=True).stdout
-    queues = [n for n in out.split() if n == service or n.startswith(service + ".")]
-    out = subprocess.run(["rabbitmqctl", "-q", "list_exchanges", "name"], capture_output=True, text=True).stdout
-    names = [n for n in out.split() if n.startswith(service + ".")] + list(exchanges)
+    def mine(name: str) -> bool:
+        return name == service or name.startswith(service + ".")
+
+    queues = [n for n in _names(broker_url, "queues") if mine(n)]
+    names = [n for n in _names(broker_url, "exchanges") if mine(n)] + list(exchanges)
     with Connection(broker_url) as conn:
         for name in queues:
             conn.default_channel.queue_delete(name)
@@ -164,8 +266,57 @@ def delete_service(broker_url: str, service: str, exchanges: tuple[str, ...] = (
             conn.default_channel.exchange_delete(name)
 
 
+def node_message(routing_key: str, body: Any, **properties: Any) -> dict[str, Any]:
+    """A message for :func:`node_publish`: a non-str ``body`` is sent as JSON; ``properties`` in
+    amqplib's spelling (``messageId``); ``contentType`` defaults to JSON, ``contentType=None`` sends none."""
+    properties.setdefault("contentType", "application/json")
+    if properties["contentType"] is None:
+        del properties["contentType"]
+    text = body if isinstance(body, str) else json.dumps(body)
+    return {"routing_key": routing_key, "body": text, "properties": properties}
+
+
 def node_publish(broker_url: str, exchange: str, messages: list[dict[str, Any]]) -> None:
     """Publish with the Node.js ``amqplib`` client: [{routing_key, body (str), properties}]."""
     subprocess.run(["node", str(NODE_DIR / "publish.js"), broker_url, exchange],
                    input=json.dumps(messages), text=True, check=True, capture_output=True, timeout=60,
                    cwd=NODE_DIR)
+
+
+def publish_amqp(broker_url: str, exchange: str, routing_key: str, body: bytes, **properties: Any) -> None:
+    """Publish ``body`` with exactly ``properties`` (py-amqp names: ``message_id``,
+    ``application_headers``, ...), mandatory and confirmed."""
+    import amqp
+
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        channel.confirm_select()
+        channel.basic_publish(amqp.Message(body, **properties), exchange=exchange, routing_key=routing_key,
+                              mandatory=True)
+        channel.close()
+
+
+def peek_messages(broker_url: str, queue: str) -> list[Any]:
+    """Every ready message of ``queue``, left in the queue (got unacked, back when the channel closes)."""
+    messages = []
+    with Connection(broker_url) as conn:
+        channel = conn.channel()
+        while True:
+            message = channel.basic_get(queue, no_ack=False)
+            if message is None:
+                break
+            messages.append(message)
+        channel.close()
+    return messages
+
+
+def management_queue(broker_url: str, queue: str) -> dict[str, Any]:
+    """The management API's view of ``queue`` (its counters refresh every ~5 s)."""
+    return _management(broker_url, f"queues/{quote(_vhost(broker_url), safe='')}/{quote(queue, safe='')}")
+
+
+def run_cli(project: "Project", *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run ``kombu-events -A <project module> ARGS`` as a user would, from the project's directory."""
+    cli = Path(sys.executable).parent / "kombu-events"
+    return subprocess.run([str(cli), "-A", project.module, *args], cwd=project.dir, env=project.env(),
+                          capture_output=True, text=True, timeout=timeout)

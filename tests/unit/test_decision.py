@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from kombu_events.backoff import Constant, Exponential
 from kombu_events.decision import (
-    ARCHIVE, FAILED, LOST, OK, RETRY, UNDECODABLE, Decision, Outcome, decide,
+    ARCHIVE, FAILED, LOST, OK, REDELIVERED, RETRY, UNDECODABLE, Decision, Outcome, decide,
 )
 
 BACKOFF = Exponential(base_ms=1000, factor=2, max_delay_ms=60_000)
@@ -132,3 +132,24 @@ def test_never_retries_past_max_retries(outcome, max_retries, attempt, r):
         assert verdict.action == "ack"
     if outcome.kind in (ARCHIVE, UNDECODABLE):
         assert verdict.action == "archive"
+
+
+def _decide_redelivered(*, redeliveries, max_retries=2, attempt=1):
+    return decide(Outcome(REDELIVERED, "redelivered"), attempt=attempt, max_retries=max_retries,
+                  backoff=Constant(every_ms=1000), max_delay_ms=10_000, lost_delay_ms=100,
+                  redeliveries=redeliveries)
+
+
+@pytest.mark.parametrize("redeliveries", [1, 2, 3])
+def test_a_redelivered_message_is_requeued_without_spending_an_attempt(redeliveries):
+    verdict = _decide_redelivered(redeliveries=redeliveries, max_retries=2, attempt=3)
+    assert verdict.action == "requeue"
+    assert verdict.delay_ms == 0
+
+
+@pytest.mark.parametrize("max_retries", [0, 1, 5])
+def test_a_message_redelivered_too_often_is_archived_as_a_worker_killer(max_retries):
+    assert _decide_redelivered(redeliveries=max_retries + 1, max_retries=max_retries).action == "requeue"
+    verdict = _decide_redelivered(redeliveries=max_retries + 2, max_retries=max_retries)
+    assert verdict.action == "archive"
+    assert "kill its worker" in verdict.reason and f"max_retries={max_retries}" in verdict.reason

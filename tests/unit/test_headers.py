@@ -143,3 +143,20 @@ def test_replay_headers_reset_the_counter_and_drop_failure_details():
 
 def test_replay_headers_of_nothing():
     assert wire.replay_headers(None) == {}
+
+
+def test_requeue_headers_count_a_redelivery_and_keep_the_attempts():
+    original = {"x-request-id": "r-1", wire.ATTEMPTS: 2, "x-death": [{"queue": "q", "reason": "rejected", "count": 1}]}
+    attempt = wire.attempt_of(original, "q")  # 2 failed + 1 rejected + this one
+    new = wire.requeue_headers(original, attempt=attempt, redeliveries=1, routing_key="orders.1")
+    assert new[wire.ATTEMPTS] == 3  # nothing spent by the redelivery; the reject is folded in
+    assert new[wire.REDELIVERIES] == 1
+    assert new[wire.ROUTING_KEY] == "orders.1"
+    assert new["x-request-id"] == "r-1" and "x-death" not in new
+    assert wire.attempt_of(new, "q") == attempt
+    assert wire.redeliveries_of(new) == 1
+
+
+@pytest.mark.parametrize("value, expected", [(None, 0), (3, 3), (-2, 0), ("x", 0), (float("inf"), 0)])
+def test_redeliveries_of_tolerates_whatever_a_publisher_sets(value, expected):
+    assert wire.redeliveries_of({} if value is None else {wire.REDELIVERIES: value}) == expected

@@ -1,0 +1,393 @@
+"""The ``kombu-events`` command, run as a user runs it, against the real broker and real workers.
+
+Every test has its own service and events exchange (``make_project`` deletes all of
+their queues and exchanges, even on failure). Handlers fail while the project's flag
+file exists: the test "fixes the bug" by deleting it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from kombu import Connection
+
+from .harness import (
+    Project, _names, management_queue, peek_messages, publish_amqp, queue_depth, run_cli, unique, wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+LEVELS = 8
+CLOSED_PORT_URL = "amqp://guest:guest@127.0.0.1:5999//"
+
+APP = f"""
+FLAG = RECORDS + ".fail"
+
+events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_unit_ms=100, delay_levels={LEVELS},
+                backoff=Exponential(base_ms=200, max_delay_ms=1000))
+
+def handle(name, event):
+    record(handler=name, attempt=event.attempt, routing_key=event.routing_key, message_id=event.message_id,
+           payload=event.payload)
+    if os.path.exists(FLAG):
+        raise RuntimeError("flag file says fail")
+
+@events.handler("orders.#", bind=True, max_retries=1)
+def orders(event):
+    handle("orders", event)
+
+@events.handler("users.#", bind=True, max_retries=1)
+def users(event):
+    handle("users", event)
+"""
+
+
+@pytest.fixture
+def make_project(tmp_path, broker_url):
+    """Build projects (unique service and exchange each); delete every entity afterwards."""
+    projects: list[Project] = []
+
+    def make(body: str = APP) -> Project:
+        directory = tmp_path / f"p{len(projects)}"
+        directory.mkdir()
+        project = Project(directory, broker_url, body)
+        projects.append(project)
+        return project
+
+    yield make
+    errors = []
+    for project in projects:
+        try:
+            project.cleanup()
+        except Exception as exc:  # clean up the others anyway, then fail
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+def cli(project: Project, *args: str, code: int | None = 0):
+    """Run the CLI; check its exit code (unless ``code`` is None) and that it crashed with no traceback."""
+    result = run_cli(project, *args)
+    output = result.stdout + result.stderr
+    assert "Traceback (most recent call last)" not in result.stderr, output
+    if code is not None:
+        assert result.returncode == code, f"exit {result.returncode} for {args}:\n{output}"
+    return result
+
+
+def one_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def flag(project: Project):
+    return project.records_path.with_name(project.records_path.name + ".fail")
+
+
+def send(project: Project, routing_key: str, payload: Any = None, **properties: Any) -> str:
+    """Publish one JSON event to the project's exchange; return its message id."""
+    properties.setdefault("message_id", unique("m"))
+    properties.setdefault("content_type", "application/json")
+    body = json.dumps(payload if payload is not None else {}).encode()
+    publish_amqp(project.broker_url, project.exchange, routing_key, body, **properties)
+    return properties["message_id"]
+
+
+def queue(project: Project, name: str) -> str:
+    return f"{project.service}.{name}"
+
+
+def depth(project: Project, name: str) -> int:
+    return queue_depth(project.broker_url, queue(project, name))[0]
+
+
+def calls(project: Project, message_id: str | None = None) -> list[dict]:
+    return [r for r in project.records() if message_id is None or r["message_id"] == message_id]
+
+
+def archive_ids(project: Project) -> dict[str, str]:
+    """message id -> queue it failed in, for everything in the archive (left there)."""
+    return {m.properties["message_id"]: m.headers["kombu-events-queue"]
+            for m in peek_messages(project.broker_url, queue(project, "archive"))}
+
+
+def fill_archive(project: Project, routing_keys: list[str]) -> list[str]:
+    """With a worker running and the flag set: publish, wait until all of them are archived."""
+    flag(project).touch()
+    ids = [send(project, key, {"key": key}) for key in routing_keys]
+    wait_for(lambda: depth(project, "archive") >= len(ids), what=f"{len(ids)} archived messages")
+    assert sorted(archive_ids(project)) == sorted(ids)
+    return ids
+
+
+def service_entities(project: Project, kind: str) -> list[str]:
+    return sorted(n for n in _names(project.broker_url, kind) if n.startswith(project.service + "."))
+
+
+# -- declare ------------------------------------------------------------------------------------------
+
+def test_declare_dry_run_prints_the_plan_without_connecting(make_project):
+    project = make_project()
+    result = cli(project, "--broker", CLOSED_PORT_URL, "declare", "--dry-run")
+    out = result.stdout
+    s = project.service
+    exchanges = [project.exchange, f"{s}.delivery", f"{s}.archive"] + [f"{s}.delay.{n}" for n in range(LEVELS)]
+    for name in exchanges:
+        assert f"exchange {name} " in out, name
+    for name in ["orders", "users", "archive"] + [f"delay.{n}" for n in range(LEVELS)]:
+        assert f"queue {s}.{name} " in out, name
+    for level in range(LEVELS):
+        assert f"x-message-ttl={100 << level}" in out
+    assert f"x-dead-letter-exchange={s}.delay.{LEVELS - 1}" in out
+    assert f"x-dead-letter-exchange={s}.delivery" in out
+    assert f"x-dead-letter-routing-key={'0.' * (LEVELS - 1)}1.{s}.orders" in out
+    assert "x-max-length=" in out
+    assert f"<- exchange {project.exchange} key='orders.#'" in out
+    assert f"<- exchange {project.exchange} key='users.#'" in out
+    assert f"<- exchange {s}.delivery key='{'*.' * LEVELS}{s}.orders'" in out
+    assert out.count("bind exchange ") == LEVELS
+    assert service_entities(project, "queues") == []  # nothing was declared
+    assert project.exchange not in _names(project.broker_url, "exchanges")
+
+
+def test_declare_creates_the_topology_and_is_idempotent(make_project):
+    project = make_project()
+    for _ in range(2):
+        result = cli(project, "declare")
+        assert "guest:guest" not in result.stdout + result.stderr
+        assert len(service_entities(project, "queues")) == LEVELS + 2 + 1  # levels + handlers + archive
+        assert len(service_entities(project, "exchanges")) == LEVELS + 2  # levels + delivery + archive
+        assert project.exchange in _names(project.broker_url, "exchanges")
+    assert depth(project, "orders") == 0
+    arguments = management_queue(project.broker_url, queue(project, "delay.3"))["arguments"]
+    assert arguments == {"x-message-ttl": 800, "x-dead-letter-exchange": queue(project, "delay.2")}
+
+
+def test_declare_reports_a_conflicting_queue_in_one_line(make_project):
+    project = make_project()
+    name = queue(project, "orders")
+    with Connection(project.broker_url) as conn:
+        conn.default_channel.queue_declare(name, durable=True, auto_delete=False,
+                                           arguments={"x-message-ttl": 1234})
+    result = cli(project, "declare", code=1)
+    line = one_line(result.stderr)
+    assert name in line and "x-message-ttl" in line, line
+
+
+# -- status ---------------------------------------------------------------------------------------------
+
+def test_status_shows_every_queue_and_alerts_on_the_archive(make_project):
+    project = make_project()
+    project.worker().wait_ready()
+    cli(project, "status", "--max-archive", "0")  # empty archive: exit 0
+
+    fill_archive(project, ["orders.1.created"])
+    text = cli(project, "status").stdout
+    for name in ["orders", "users", "archive"] + [f"delay.{n}" for n in range(LEVELS)]:
+        assert queue(project, name) in text, name
+    assert "ready" in text and "unacked" in text and "consumers" in text
+
+    # A new queue's counters reach the management API with its first statistics (<= 5 s).
+    wait_for(lambda: "messages_unacknowledged" in management_queue(project.broker_url, queue(project, "orders")),
+             timeout=10, interval=0.2, what="management statistics of the orders queue")
+    rows = {r["queue"]: r for r in json.loads(cli(project, "status", "--json").stdout)}
+    assert len(rows) == LEVELS + 3
+    assert {r["role"] for r in rows.values()} == {"handler", "delay", "archive"}
+    orders, archive = rows[queue(project, "orders")], rows[queue(project, "archive")]
+    assert orders["role"] == "handler" and orders["consumers"] == 1 and orders["ready"] == 0
+    assert orders["unacked"] == 0  # from the management API
+    assert archive["role"] == "archive" and archive["ready"] == 1 and archive["consumers"] == 0
+    assert all(rows[queue(project, f"delay.{n}")]["role"] == "delay" for n in range(LEVELS))
+
+    result = cli(project, "status", "--max-archive", "0", code=2)
+    assert "archive" in result.stderr
+    cli(project, "status", "--max-archive", "1")
+    cli(project, "archive", "purge", "--yes")
+    cli(project, "status", "--max-archive", "0")
+
+
+# -- archive list / show / replay -------------------------------------------------------------------
+
+def test_archive_list_show_and_dry_run_leave_the_archive_unchanged(make_project):
+    project = make_project()
+    project.worker().wait_ready()
+    o1, o2, u1 = fill_archive(project, ["orders.1.created", "orders.2.created", "users.1.joined"])
+    before = archive_ids(project)
+    handled = len(calls(project))
+
+    listing = cli(project, "archive", "list").stdout
+    for message_id in (o1, o2, u1):
+        line = next(line for line in listing.splitlines() if message_id in line)
+        assert "max_retries=1" in line and "flag file says fail" in line and "attempts=2" in line
+    assert f"queue={queue(project, 'users')}" in next(line for line in listing.splitlines() if u1 in line)
+    only_users = cli(project, "archive", "list", "--queue", queue(project, "users")).stdout
+    assert u1 in only_users and o1 not in only_users and o2 not in only_users
+    as_json = [json.loads(line) for line in cli(project, "archive", "list", "--json").stdout.splitlines()]
+    assert sorted(m["id"] for m in as_json) == sorted([o1, o2, u1])
+
+    shown = json.loads(cli(project, "archive", "show", o2).stdout)
+    assert shown["id"] == o2 and shown["queue"] == queue(project, "orders")
+    assert shown["routing_key"] == "orders.2.created" and shown["attempts"] == 2
+    assert "flag file says fail" in shown["reason"] and "RuntimeError" in shown["traceback"]
+    assert json.loads(shown["body"]) == {"key": "orders.2.created"}
+    missing = cli(project, "archive", "show", "no-such-id", code=1)
+    assert "no-such-id" in one_line(missing.stderr)
+
+    flag(project).unlink()  # even a working handler must not see dry-run messages
+    dry = cli(project, "archive", "replay", "--dry-run").stdout
+    assert all(f"would replay {m}" in dry for m in (o1, o2, u1))
+    time.sleep(0.3)
+    assert archive_ids(project) == before
+    assert len(calls(project)) == handled
+    assert depth(project, "orders") == depth(project, "users") == 0
+
+
+def test_archive_replay_with_queue_and_limit_replays_exactly_one(make_project):
+    project = make_project()
+    project.worker().wait_ready()
+    ids = fill_archive(project, ["orders.1.created", "orders.2.created", "users.1.joined"])
+    flag(project).unlink()
+    handled = len(calls(project))
+
+    result = cli(project, "archive", "replay", "--queue", queue(project, "orders"), "--limit", "1")
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("replayed ")]
+    replayed = line.split()[1]
+    assert replayed in ids[:2] and line.endswith(queue(project, "orders"))
+    wait_for(lambda: len(calls(project)) > handled, what="the replayed message handled")
+    time.sleep(0.3)
+    assert [(r["message_id"], r["attempt"]) for r in calls(project)[handled:]] == [(replayed, 1)]
+    left = archive_ids(project)
+    assert sorted(left) == sorted(set(ids) - {replayed})
+
+
+def test_archive_round_trip_fix_the_bug_then_replay(make_project):
+    project = make_project()
+    project.worker().wait_ready()
+    keys = ["orders.1.created", "orders.2.created", "orders.3.paid", "users.1.joined", "users.2.left"]
+    ids = fill_archive(project, keys)
+    for message_id in ids:  # each failed twice (max_retries=1) before it was archived
+        assert [r["attempt"] for r in calls(project, message_id)] == [1, 2]
+
+    flag(project).unlink()  # the fix
+    handled = len(calls(project))
+    result = cli(project, "archive", "replay")
+    assert "5 replayed, 0 kept" in result.stderr
+    wait_for(lambda: len(calls(project)) >= handled + len(ids), what="every replayed message handled")
+    time.sleep(0.3)
+    replays = calls(project)[handled:]
+    assert sorted(r["message_id"] for r in replays) == sorted(ids)
+    for r in replays:
+        assert r["attempt"] == 1
+        assert r["routing_key"] == keys[ids.index(r["message_id"])]
+        assert r["payload"] == {"key": r["routing_key"]}
+    assert depth(project, "archive") == 0
+    assert depth(project, "orders") == depth(project, "users") == 0
+    assert sum(depth(project, f"delay.{n}") for n in range(LEVELS)) == 0
+
+
+def test_archive_replay_keeps_messages_whose_queue_is_gone(make_project):
+    project = make_project()
+    worker = project.worker().wait_ready()
+    order, user = fill_archive(project, ["orders.1.created", "users.1.joined"])
+    worker.kill()
+    with Connection(project.broker_url) as conn:  # the users queue was deleted on the broker
+        conn.default_channel.queue_delete(queue(project, "users"))
+
+    result = cli(project, "archive", "replay", code=1)
+    assert f"replayed {order}" in result.stdout
+    assert user in result.stderr and "1 replayed, 1 kept" in result.stderr
+    assert archive_ids(project) == {user: queue(project, "users")}
+    assert depth(project, "orders") == 1  # back in its queue, for the next worker
+
+    # The handler was removed from the app: its archived messages stay too.
+    without_users = Project(project.dir, project.broker_url, APP.split("@events.handler(\"users")[0],
+                            service=project.service, module=project.module, exchange=project.exchange)
+    assert without_users.module == project.module
+    result = cli(project, "archive", "replay", code=1)
+    assert user in result.stderr and queue(project, "users") in result.stderr
+    assert archive_ids(project) == {user: queue(project, "users")}
+
+
+# -- archive purge ------------------------------------------------------------------------------------
+
+def test_archive_purge_needs_yes_and_can_select_a_queue(make_project):
+    project = make_project()
+    project.worker().wait_ready()
+    o1, o2, u1 = fill_archive(project, ["orders.1.created", "orders.2.created", "users.1.joined"])
+
+    refused = cli(project, "archive", "purge", code=None)
+    assert refused.returncode != 0 and "--yes" in refused.stderr
+    assert depth(project, "archive") == 3
+
+    result = cli(project, "archive", "purge", "--queue", queue(project, "users"), "--yes")
+    assert "purged 1" in result.stdout
+    assert archive_ids(project) == {o1: queue(project, "orders"), o2: queue(project, "orders")}
+
+    result = cli(project, "archive", "purge", "--yes")
+    assert "purged 2" in result.stdout
+    assert depth(project, "archive") == 0
+
+
+# -- publish ---------------------------------------------------------------------------------------------
+
+def test_publish_reaches_the_handler(make_project):
+    project = make_project()
+    project.worker().wait_ready()
+    result = cli(project, "publish", "orders.9.created", '{"n": 9, "note": "caf\\u00e9"}')
+    message_id = result.stdout.strip()
+    [call] = wait_for(lambda: calls(project, message_id), what="the published event handled")
+    assert call["payload"] == {"n": 9, "note": "caf\u00e9"}
+    assert call["routing_key"] == "orders.9.created" and call["handler"] == "orders"
+
+
+def test_publish_errors_are_one_clear_line(make_project):
+    project = make_project()
+
+    bad = cli(project, "--broker", CLOSED_PORT_URL, "publish", "orders.1.created", "{not json", code=1)
+    assert "JSON" in one_line(bad.stderr)
+
+    down = cli(project, "--broker", CLOSED_PORT_URL, "publish", "orders.1.created", "{}", code=1)
+    line = one_line(down.stderr)
+    assert "5999" in line and ":guest@" not in down.stdout + down.stderr, line
+
+    unknown = cli(project, "--service", "nosuchservice", "publish", "orders.1.created", "{}", code=1)
+    line = one_line(unknown.stderr)
+    assert "nosuchservice" in line and project.service in line, line
+
+
+BLOBS = f"""
+events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_unit_ms=100, delay_levels={LEVELS})
+
+@events.handler("blobs.#", raw=True)
+def blobs(payload):
+    record(handler="blobs", message_id=None)
+    raise Archive("keep it for replay")
+"""
+
+
+def test_archive_replay_keeps_the_body_bytes_of_any_content_encoding(make_project):
+    import amqp
+
+    project = make_project(BLOBS)
+    worker = project.worker().wait_ready()
+    body = "caf\u00e9 cr\u00e8me".encode("latin-1")
+    properties = {"message_id": unique("m"), "content_type": "text/plain", "content_encoding": "latin-1",
+                  "application_headers": {"x-request-id": "r-1"}}
+    publish_amqp(project.broker_url, project.exchange, "blobs.1", body, **properties)
+    wait_for(lambda: depth(project, "archive") == 1, what="the message archived")
+    worker.kill()
+
+    cli(project, "archive", "replay")
+    with Connection(project.broker_url) as conn:
+        channel = conn.channel()
+        channel.auto_decode = False  # see the bytes on the wire
+        replayed: amqp.Message = wait_for(lambda: channel.basic_get(queue(project, "blobs"), no_ack=True),
+                                          what="the replayed message")
+    assert replayed.body == body
+    assert replayed.properties["content_encoding"] == "latin-1"
+    assert replayed.properties["application_headers"]["x-request-id"] == "r-1"
