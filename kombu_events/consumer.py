@@ -231,6 +231,10 @@ class ServiceConsumer:
 
     def _republish(self, message, headers, exchange, routing_key, on_ok, on_fail) -> None:
         properties = dict(message.properties)
+        if properties.get("expiration") is not None:
+            # A publisher's per-message TTL would cut short a ladder wait or silently drop the
+            # message from the archive: it governs the first delivery only, and is kept here.
+            headers[wire.EXPIRATION] = str(properties.pop("expiration"))
         properties["application_headers"] = headers
         if properties.get("user_id") not in (None, self._userid):
             properties.pop("user_id")  # the broker refuses a user_id other than the connection's

@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = [
     "ATTEMPTS", "ROUTING_KEY", "QUEUE", "FIRST_FAILURE_AT", "LAST_ERROR",
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
-    "REDELIVERIES", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
+    "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers",
 ]
 
@@ -27,6 +27,7 @@ EXCEPTION = PREFIX + "exception"
 TRACEBACK = PREFIX + "traceback"
 ARCHIVED_AT = PREFIX + "archived-at"
 REDELIVERIES = PREFIX + "redeliveries"  # broker redeliveries, counted apart from attempts
+EXPIRATION = PREFIX + "expiration"  # the publisher's expiration property, dropped on republish
 
 _FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEPTION, TRACEBACK, ARCHIVED_AT,
                     REDELIVERIES)

@@ -13,6 +13,7 @@ import uuid
 from typing import Any, Iterable, Mapping
 
 from amqp import Message
+from amqp.exceptions import NotFound
 from kombu import Connection
 
 from .confirms import RETURNED, Confirmer
@@ -104,6 +105,9 @@ class Publisher:
                 self._drop()
                 if isinstance(exc, PublishError):
                     raise
+                if isinstance(exc, NotFound):  # the channel is closed: nothing was delivered
+                    raise PublishError(f"{exc.reply_text}: declare it "
+                                       "(`kombu-events declare`, or start a consumer) before publishing") from exc
                 raise BrokerUnavailableError(
                     f"publishing to {safe_url(self.url)} failed, delivery unknown: {exc}") from exc
             return results  # type: ignore[return-value]

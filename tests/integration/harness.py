@@ -216,10 +216,11 @@ def queue_counts(broker_url: str) -> dict[str, tuple[int, int, int]]:
 
 
 def get_messages(broker_url: str, queue: str) -> list[Any]:
-    """Take every ready message out of ``queue`` (``.body``, ``.headers``, ``.properties``)."""
+    """Take every ready message out of ``queue`` (``.body`` as bytes, ``.headers``, ``.properties``)."""
     messages = []
     with Connection(broker_url) as conn:
         channel = conn.channel()
+        channel.auto_decode = False  # py-amqp would turn the body into str when content_encoding is set
         while True:
             message = channel.basic_get(queue, no_ack=True)
             if message is None:
