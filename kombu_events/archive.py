@@ -1,8 +1,8 @@
 """Archive operations on the broker: list, show, replay, purge -- without ever losing a message.
 
 Messages are read with ``basic_get`` and no ack; what is not acked goes back to the
-archive when the channel closes. Replay republishes (mandatory, confirmed) into the
-delay ladder with delay 0 addressed to the original queue, and acks the archived copy
+archive when the channel closes. Replay republishes (mandatory, confirmed) through the
+delivery exchange, addressed to the original queue, and acks the archived copy
 only once the broker confirmed the replayed one.
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
             properties = dict(message.properties)
             properties["application_headers"] = wire.replay_headers(message.headers)
             key = ladder.routing_key(delay_units=0, levels=levels, queue=message.queue)
-            confirmer.publish(Message(message.body, **properties), topology.ladder_entry, key,
+            confirmer.publish(Message(message.body, **properties), topology.entry_exchange(0), key,
                               on_ok=_acker(channel, message, replayed),
                               on_fail=lambda why, m=message: kept.append((m, why)))
         while confirmer.pending:

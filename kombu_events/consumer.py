@@ -130,12 +130,13 @@ class ServiceConsumer:
         routing_key = wire.original_routing_key(headers, message.delivery_info["routing_key"], queue)
         done = partial(self._post, handler, message, attempt, routing_key, time.monotonic())
         if message.delivery_info.get("redelivered"):
-            # Its last delivery ended without an ack (worker or connection lost): count it.
+            # Its last delivery ended without an ack (worker or connection lost): send it back,
+            # counted, so a message that keeps killing its worker cannot loop forever.
             done(decision.Outcome(decision.REDELIVERED, "redelivered after an unacknowledged delivery"))
             return
         meta = (routing_key, attempt, headers, message.properties) if handler.bind else None
         self._pool.apply_async(runner.run, (queue, message.body, message.content_type,
-                                            message.content_encoding, meta),
+                                            message.content_encoding, meta, attempt > handler.max_retries),
                                callback=done, error_callback=done)
 
     def _post(self, *item: Any) -> None:
@@ -212,7 +213,7 @@ class ServiceConsumer:
             self._archive(handler, message, attempt, routing_key, f"{verdict.action} publish failed ({why}); "
                           f"{verdict.reason}", result, log)
 
-        self._republish(message, headers, self.topology.ladder_entry, key, confirmed, refused)
+        self._republish(message, headers, self.topology.entry_exchange(units), key, confirmed, refused)
 
     def _archive(self, handler, message, attempt, routing_key, reason, result, log) -> None:
         headers = wire.archive_headers(

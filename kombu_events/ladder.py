@@ -13,6 +13,7 @@ __all__ = [
     "units_for",
     "levels_for",
     "routing_key",
+    "entry_level",
     "level_pattern",
     "pass_pattern",
     "delivery_pattern",
@@ -69,6 +70,17 @@ def routing_key(*, delay_units: int, levels: int, queue: str) -> str:
         )
     bits = format(delay_units, f"0{levels}b") if levels else ""
     return ".".join([*bits, queue])
+
+
+def entry_level(*, delay_units: int) -> int | None:
+    """Level whose exchange a delay enters the ladder at: its highest set bit (None: no wait).
+
+    Every level above it would only pass the message on, and each exchange-to-exchange
+    hop costs the broker a topic match, so entering lower is the same route, cheaper.
+    """
+    if delay_units < 0:
+        raise DelayTooLongError(f"delay must be >= 0 units, got {delay_units!r}")
+    return delay_units.bit_length() - 1 if delay_units else None
 
 
 def _pattern(*, level: int, levels: int, word: str) -> str:

@@ -16,7 +16,7 @@ def safe_url(url: Any) -> str:
     return maybe_sanitize_url(str(url)) if url else str(url)
 
 
-_LEVELS = {"ack": logging.INFO, "requeue": logging.WARNING, "retry": logging.WARNING, "archive": logging.ERROR, "held": logging.ERROR}
+_LEVELS = {"ack": logging.INFO, "requeue": logging.WARNING, "retry": logging.INFO, "archive": logging.ERROR, "held": logging.ERROR}
 
 
 def log_outcome(

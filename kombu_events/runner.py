@@ -39,26 +39,40 @@ def _lookup(queue: str) -> tuple[Handler, frozenset[str], int] | None:
     return entry
 
 
-def classify(exc: BaseException, handler: Handler, traceback_limit: int) -> decision.Outcome:
-    """Outcome for an exception raised by ``handler``."""
+def classify(exc: BaseException, handler: Handler, traceback_limit: int, final: bool = True) -> decision.Outcome:
+    """Outcome for an exception raised by ``handler``.
+
+    The traceback only goes into archive headers, and formatting one is costly
+    (Python 3.11 parses source for its markers), so a failure that will be retried
+    (not ``final``) carries none.
+    """
     name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     exception = f"{name}: {exc}"
-    trace = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))[-traceback_limit:] if traceback_limit else ""
+
+    def trace() -> str:
+        if not traceback_limit:
+            return ""
+        return "".join(tb.format_exception(type(exc), exc, exc.__traceback__))[-traceback_limit:]
+
     if isinstance(exc, Retry):
         delay = None if exc.delay is None else exc.delay * 1000
-        return decision.Outcome(decision.RETRY, str(exc), exception, trace, delay)
+        return decision.Outcome(decision.RETRY, str(exc), exception, trace() if final else "", delay)
     if isinstance(exc, Archive):
-        return decision.Outcome(decision.ARCHIVE, exc.reason, exception, trace)
+        return decision.Outcome(decision.ARCHIVE, exc.reason, exception, trace())
     if handler.dont_retry and isinstance(exc, handler.dont_retry):
-        return decision.Outcome(decision.ARCHIVE, f"dont_retry: {exception}", exception, trace)
+        return decision.Outcome(decision.ARCHIVE, f"dont_retry: {exception}", exception, trace())
     if not isinstance(exc, handler.retry_for):
-        return decision.Outcome(decision.ARCHIVE, f"not in retry_for: {exception}", exception, trace)
-    return decision.Outcome(decision.FAILED, exception, exception, trace)
+        return decision.Outcome(decision.ARCHIVE, f"not in retry_for: {exception}", exception, trace())
+    return decision.Outcome(decision.FAILED, exception, exception, trace() if final else "")
 
 
 def run(queue: str, body: bytes, content_type: str | None, content_encoding: str | None,
-        meta: tuple[Any, ...] | None = None) -> decision.Outcome:
-    """Decode and handle one message; ``meta`` = (routing_key, attempt, headers, properties) if bound."""
+        meta: tuple[Any, ...] | None = None, final: bool = True) -> decision.Outcome:
+    """Decode and handle one message.
+
+    ``meta`` = (routing_key, attempt, headers, properties) for ``bind=True`` handlers;
+    ``final``: no retry is left, so a failure needs its traceback for the archive.
+    """
     entry = _registry.get(queue) or _lookup(queue)
     if entry is None:
         return decision.Outcome(decision.LOST, f"no handler for queue {queue!r} in this process")
@@ -74,5 +88,5 @@ def run(queue: str, body: bytes, content_type: str | None, content_encoding: str
         else:
             handler.fn(payload)
     except Exception as exc:
-        return classify(exc, handler, traceback_limit)
+        return classify(exc, handler, traceback_limit, final)
     return _OK

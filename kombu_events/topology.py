@@ -36,10 +36,12 @@ class Topology:
         """The queues handlers consume."""
         return self.queues[: len(self.queues) - self.settings.delay_levels - 1]
 
-    @property
-    def ladder_entry(self) -> str:
-        """Exchange a delayed message is published to: the highest level."""
-        return names.delay_name(self.settings.service, self.settings.delay_levels - 1)
+    def entry_exchange(self, delay_units: int) -> str:
+        """Exchange to publish a message to for ``delay_units`` (the delivery exchange for 0)."""
+        level = ladder.entry_level(delay_units=delay_units)
+        if level is None:
+            return names.delivery_exchange(self.settings.service)
+        return names.delay_name(self.settings.service, level)
 
     @property
     def archive_exchange(self) -> str:
@@ -75,8 +77,8 @@ def _handler_queue(settings: Settings, handler: Handler, events: Exchange, deliv
     levels = settings.delay_levels
     args = _queue_args(settings, dead_letters=True)
     args.update({
-        "x-dead-letter-exchange": names.delay_name(settings.service, levels - 1),
-        # A rejected message waits one unit in the ladder, then comes back here only.
+        # A rejected message waits one unit in the ladder (level 0), then comes back here only.
+        "x-dead-letter-exchange": names.delay_name(settings.service, 0),
         "x-dead-letter-routing-key": ladder.routing_key(delay_units=1, levels=levels, queue=handler.queue),
     })
     bindings = [binding(events, routing_key=key) for key in handler.binding_keys]

@@ -143,7 +143,8 @@ def test_declare_dry_run_prints_the_plan_without_connecting(make_project):
         assert f"queue {s}.{name} " in out, name
     for level in range(LEVELS):
         assert f"x-message-ttl={100 << level}" in out
-    assert f"x-dead-letter-exchange={s}.delay.{LEVELS - 1}" in out
+    assert (f"queue {s}.orders durable=True x-dead-letter-exchange={s}.delay.0 "
+            f"x-dead-letter-routing-key={'0.' * (LEVELS - 1)}1.{s}.orders") in out
     assert f"x-dead-letter-exchange={s}.delivery" in out
     assert f"x-dead-letter-routing-key={'0.' * (LEVELS - 1)}1.{s}.orders" in out
     assert "x-max-length=" in out

@@ -180,3 +180,13 @@ def test_delivery_pattern():
 def test_parse_routing_key_rejects_other_keys(key):
     with pytest.raises(ValueError, match="not a delay-ladder routing key for 2 levels"):
         ladder.parse_routing_key(key, levels=2)
+
+
+@given(st.integers(min_value=1, max_value=2**32 - 1))
+def test_entry_level_is_the_highest_level_a_delay_waits_in(delay):
+    levels = delay.bit_length()
+    assert ladder.entry_level(delay_units=delay) == ladder.levels_for(delay_units=delay, levels=levels)[0]
+
+
+def test_no_delay_enters_no_level():
+    assert ladder.entry_level(delay_units=0) is None

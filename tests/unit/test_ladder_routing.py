@@ -108,8 +108,8 @@ def broker(levels: int) -> FakeBroker:
 
 
 @functools.lru_cache(maxsize=None)
-def ladder_entry(levels: int) -> str:
-    return build_topology(Settings(service=SERVICE, delay_levels=levels), []).ladder_entry
+def topology_of(levels: int):
+    return build_topology(Settings(service=SERVICE, delay_levels=levels), [])
 
 
 levels_and_delay = st.integers(min_value=1, max_value=20).flatmap(
@@ -122,10 +122,14 @@ levels_and_delay = st.integers(min_value=1, max_value=20).flatmap(
 def test_delayed_message_waits_in_exactly_its_levels_and_returns_to_its_queue(levels_delay, queue):
     levels, delay = levels_delay
     key = ladder.routing_key(delay_units=delay, levels=levels, queue=queue)
-    waited_in, waited_ms, final = broker(levels).travel(ladder_entry(levels), key)
-    assert waited_in == [names.delay_name(SERVICE, lv) for lv in ladder.levels_for(delay_units=delay, levels=levels)]
-    assert waited_ms == delay * UNIT_MS
-    assert final == queue
+    expected = [names.delay_name(SERVICE, lv) for lv in ladder.levels_for(delay_units=delay, levels=levels)]
+    top = names.delay_name(SERVICE, levels - 1)
+    # Entering at the highest set bit (what the consumer does) and at the top give the same route.
+    for entry in (topology_of(levels).entry_exchange(delay), top):
+        waited_in, waited_ms, final = broker(levels).travel(entry, key)
+        assert waited_in == expected
+        assert waited_ms == delay * UNIT_MS
+        assert final == queue
 
 
 @pytest.mark.parametrize("levels", [1, 2, 5, 16])

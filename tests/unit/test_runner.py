@@ -190,3 +190,16 @@ def test_outcomes_are_picklable_for_the_prefork_pipe(register):
     outcome = runner.run(QUEUE, b"{}", JSON, None)
     assert pickle.loads(pickle.dumps(outcome)) == outcome
     assert outcome.kind == decision.FAILED
+
+
+
+@pytest.mark.parametrize("exc, kind", [(RuntimeError("transient"), decision.FAILED), (Retry(delay=1), decision.RETRY)])
+def test_a_failure_that_will_be_retried_carries_no_traceback(exc, kind):
+    outcome = runner.classify(_raised(exc), _handler(), traceback_limit=2000, final=False)
+    assert outcome.kind == kind and outcome.traceback == ""
+    assert runner.classify(_raised(exc), _handler(), traceback_limit=2000, final=True).traceback
+
+
+def test_a_failure_archived_at_once_has_its_traceback_even_when_not_final():
+    outcome = runner.classify(_raised(Archive("bad")), _handler(), traceback_limit=2000, final=False)
+    assert outcome.kind == decision.ARCHIVE and "Archive" in outcome.traceback

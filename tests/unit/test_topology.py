@@ -51,11 +51,11 @@ def test_every_queue_with_every_argument():
     topology = build_topology(_settings(), HANDLERS)
     assert {q.name: (q.durable, dict(q.queue_arguments)) for q in topology.queues} == {
         "billing.on_order_created": (True, {
-            "x-dead-letter-exchange": "billing.delay.2",
+            "x-dead-letter-exchange": "billing.delay.0",
             "x-dead-letter-routing-key": "0.0.1.billing.on_order_created",
         }),
         "billing.audit": (True, {
-            "x-dead-letter-exchange": "billing.delay.2",
+            "x-dead-letter-exchange": "billing.delay.0",
             "x-dead-letter-routing-key": "0.0.1.billing.audit",
         }),
         "billing.delay.2": (True, {"x-message-ttl": 4000, "x-dead-letter-exchange": "billing.delay.1"}),
@@ -100,7 +100,10 @@ def test_every_exchange_to_exchange_binding():
 
 def test_named_entry_points():
     topology = build_topology(_settings(), HANDLERS)
-    assert topology.ladder_entry == "billing.delay.2"
+    assert topology.entry_exchange(0) == "billing.delivery"
+    assert topology.entry_exchange(1) == "billing.delay.0"
+    assert topology.entry_exchange(5) == "billing.delay.2"  # highest set bit of 0b101
+    assert topology.entry_exchange(2) == "billing.delay.1"
     assert topology.archive_exchange == "billing.archive"
 
 
@@ -166,7 +169,7 @@ def test_describe_lists_every_entity():
     lines = topology.describe()
     assert "exchange events type=topic durable=True" in lines
     assert "exchange billing.archive type=fanout durable=True" in lines
-    assert ("queue billing.audit durable=True x-dead-letter-exchange=billing.delay.2 "
+    assert ("queue billing.audit durable=True x-dead-letter-exchange=billing.delay.0 "
             "x-dead-letter-routing-key=0.0.1.billing.audit") in lines
     assert "queue billing.delay.0 durable=True x-dead-letter-exchange=billing.delivery x-message-ttl=1000" in lines
     assert f"queue billing.archive durable=True x-max-length=500 x-message-ttl={DAY_MS}" in lines
