@@ -1,0 +1,1 @@
+"""Celery apps the benchmark workers run, configured through ``KEB_*`` environment variables."""

@@ -1,0 +1,85 @@
+"""The kombu-events service a benchmark worker runs: ``celery -A benchmarks.apps.events_app worker --with-events-step``.
+
+:func:`build` is shared with the runner, which declares the same topology and
+publishes to it. Handler ``h<k>`` consumes ``<service>.h<k>``, bound to ``bench.<k>``.
+Modes: ``noop`` (count and return), ``latency`` (also record publish -> start),
+``fail_once`` (raise on the first attempt), ``wait`` (first attempt: ``Retry(delay=KEB_WAIT_S)``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from celery import Celery
+
+from kombu_events import Constant, Events, Retry
+from benchmarks import probe
+
+#: Delay unit and retry delay of ``fail_once``: short, so the run measures the ladder's
+#: round trip (republish, confirm, ack, dead-letter back) rather than a wait.
+FAIL_ONCE_UNIT_MS = 10
+
+
+def routing_key(k: int) -> str:
+    """Routing key that reaches handler ``k``."""
+    return f"bench.{k}"
+
+
+def _handler(mode: str, wait_s: float) -> tuple[Callable[..., Any], dict[str, Any]]:
+    if mode == "noop":
+        def noop(payload):
+            probe.handled(payload["i"])
+        return noop, {}
+    if mode == "latency":
+        def timed(payload):
+            if payload.get("warm"):
+                return
+            probe.latency(payload["t"])
+            probe.handled(payload["i"])
+        return timed, {}
+    if mode == "fail_once":
+        def fail_once(event):
+            i = event.payload["i"]
+            if event.attempt == 1:
+                probe.failed(i)
+                raise RuntimeError("fails once, by design")
+            probe.handled(i)
+        return fail_once, {"bind": True, "backoff": Constant(every_ms=FAIL_ONCE_UNIT_MS)}
+    if mode == "wait":
+        def wait(event):
+            payload = event.payload
+            if payload.get("warm"):
+                return
+            if event.attempt == 1:
+                probe.failed(payload["i"])
+                raise Retry(delay=wait_s)
+            probe.handled(payload["i"])
+        return wait, {"bind": True}
+    raise ValueError(f"unknown mode {mode!r}; use noop, latency, fail_once or wait")
+
+
+def build(app: Celery, *, service: str, exchange: str, mode: str = "noop", queues: int = 1,
+          wait_s: float = 120) -> Events:
+    """The benchmark service: ``queues`` handlers of ``mode`` on ``app``."""
+    settings = {"delay_unit_ms": FAIL_ONCE_UNIT_MS} if mode == "fail_once" else {}
+    events = Events(app, service=service, exchange=exchange, **settings)
+    for k in range(queues):
+        fn, options = _handler(mode, wait_s)
+        events.handler(routing_key(k), name=f"h{k}", **options)(fn)
+    return events
+
+
+def make_app(name: str, broker: str, task_queue: str) -> Celery:
+    """A Celery app with the defaults users get, on its own task queue."""
+    app = Celery(name, broker=broker)
+    app.conf.broker_connection_retry_on_startup = True
+    app.conf.task_default_queue = task_queue
+    return app
+
+
+if "KEB_SERVICE" in os.environ:  # imported by the worker
+    probe.install()
+    app = make_app("kebench", os.environ["KEB_BROKER"], os.environ["KEB_TASKQ"])
+    events = build(app, service=os.environ["KEB_SERVICE"], exchange=os.environ["KEB_EXCHANGE"],
+                   mode=os.environ.get("KEB_MODE", "noop"), queues=int(os.environ.get("KEB_QUEUES", "1")),
+                   wait_s=float(os.environ.get("KEB_WAIT_S", "120")))

@@ -1,0 +1,73 @@
+"""The rows of the table: what each measures, against which baseline, and the target it must meet."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from benchmarks import scenarios as s
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table.
+
+    ``unit`` is ``msgs/s`` (higher is better, target is a minimum ratio to the baseline),
+    ``ms`` (latency p50, target an absolute maximum) or ``MiB`` (RSS growth, target an
+    absolute maximum; the ratio to the baseline is shown for comparison).
+    """
+
+    key: str
+    group: str
+    label: str
+    unit: str
+    run: Callable[[s.Context], s.Run]
+    baseline: str | None = None
+    target: float | None = None
+
+
+ROWS: tuple[Row, ...] = (
+    Row("raw", "1 baselines", "raw kombu consumer, prefetch 100, manual ack", "msgs/s", s.raw_consumer),
+    Row("celery-solo", "1 baselines", "Celery no-op tasks, acks_late, solo", "msgs/s", s.celery_tasks("solo", 1)),
+    Row("celery-prefork", "1 baselines", "Celery no-op tasks, acks_late, prefork -c 2", "msgs/s",
+        s.celery_tasks("prefork", 2)),
+    Row("events-solo", "2 success", "events no-op handler, solo", "msgs/s", s.events_consumer("solo", 1),
+        "raw", 0.85),
+    Row("events-prefork", "2 success", "events no-op handler, prefork -c 2", "msgs/s",
+        s.events_consumer("prefork", 2), "celery-prefork", 1.0),
+    Row("events-threads", "2 success", "events no-op handler, threads -c 2", "msgs/s",
+        s.events_consumer("threads", 2), "raw"),
+    Row("pub-kombu", "3 publish", "raw kombu publish, confirm_publish, one by one", "msgs/s", s.publisher("kombu")),
+    Row("pub-events", "3 publish", "events.publish (confirmed, mandatory), one by one", "msgs/s",
+        s.publisher("events"), "pub-kombu", 0.9),
+    Row("pub-batch", "3 publish", "events.publish_many, batches of {batch}", "msgs/s", s.publisher("batch"),
+        "pub-events", 5.0),
+    Row("retry-solo", "4 retry", "events fail once then succeed, solo", "msgs/s",
+        s.events_consumer("solo", 1, mode="fail_once"), "events-solo", 0.5),
+    Row("retry-prefork", "4 retry", "events fail once then succeed, prefork -c 2", "msgs/s",
+        s.events_consumer("prefork", 2, mode="fail_once"), "events-prefork", 0.5),
+    Row("rss-celery", "4 retry", "Celery self.retry(countdown), RSS growth, {n_wait} waiting, prefork -c 2", "MiB",
+        s.celery_countdown_rss()),
+    Row("rss-events", "4 retry", "events Retry(delay), RSS growth, {n_wait} waiting in the ladder, prefork -c 2",
+        "MiB", s.events_waiting_rss(), "rss-celery", 5.0),
+    Row("scale-50", "5 scale", "events 50 handler queues, solo (vs 1 queue: events-solo)", "msgs/s",
+        s.events_consumer("solo", 1, queues=50), "events-solo", 0.8),
+    Row("lat-raw", "6 latency", "raw kombu consumer, publish -> handler start, {rate:g}/s", "ms",
+        s.latency("raw")),
+    Row("lat-events-solo", "6 latency", "events handler, solo, publish -> handler start, {rate:g}/s", "ms",
+        s.latency("events", "solo", 1), "lat-raw", 5.0),
+    Row("lat-events-prefork", "6 latency", "events handler, prefork -c 2, publish -> handler start, {rate:g}/s",
+        "ms", s.latency("events", "prefork", 2), "lat-raw", 5.0),
+)
+
+
+def select(only: list[str] | None) -> list[Row]:
+    """Rows whose key or group starts with one of ``only`` (all if empty), plus their baselines."""
+    if not only:
+        return list(ROWS)
+    wanted = {r.key for r in ROWS if any(r.key.startswith(o) or r.group.split()[-1].startswith(o) for o in only)}
+    by_key = {r.key: r for r in ROWS}
+    for key in list(wanted):
+        while by_key[key].baseline:
+            key = by_key[key].baseline
+            wanted.add(key)
+    return [r for r in ROWS if r.key in wanted]
