@@ -45,26 +45,9 @@ def users(event):
 
 
 @pytest.fixture
-def make_project(tmp_path, broker_url):
-    """Build projects (unique service and exchange each); delete every entity afterwards."""
-    projects: list[Project] = []
-
-    def make(body: str = APP) -> Project:
-        directory = tmp_path / f"p{len(projects)}"
-        directory.mkdir()
-        project = Project(directory, broker_url, body)
-        projects.append(project)
-        return project
-
-    yield make
-    errors = []
-    for project in projects:
-        try:
-            project.cleanup()
-        except Exception as exc:  # clean up the others anyway, then fail
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+def make_project(make_project):
+    """The shared fixture, with this file's two-handler app as the default body."""
+    return lambda body=APP: make_project(body)
 
 
 # -- helpers ----------------------------------------------------------------------------------------

@@ -28,14 +28,9 @@ PRELUDE = """
 def plain(value):
     return json.loads(json.dumps(value, default=str))
 
-def wire_bytes(event):
-    # py-amqp hands over a str when the message has a content_encoding (see test_handlers_get_the_body_as_bytes_...)
-    body = event.body
-    return body if isinstance(body, bytes) else body.encode(event.properties.get("content_encoding") or "utf-8")
-
 def note(event, handler, **more):
     record(handler=handler, attempt=event.attempt, routing_key=event.routing_key, queue=event.queue,
-           message_id=event.message_id, body=wire_bytes(event).hex(), body_type=type(event.body).__name__,
+           message_id=event.message_id, body=event.body.hex(), body_type=type(event.body).__name__,
            headers=plain(event.headers),
            properties=plain({k: v for k, v in event.properties.items() if k != "application_headers"}),
            payload=event.payload, **more)
@@ -43,26 +38,9 @@ def note(event, handler, **more):
 
 
 @pytest.fixture
-def make_project(tmp_path, broker_url):
-    """Build projects (unique service and exchange each); delete every entity afterwards."""
-    projects: list[Project] = []
-
-    def make(body: str) -> Project:
-        directory = tmp_path / f"p{len(projects)}"
-        directory.mkdir()
-        project = Project(directory, broker_url, PRELUDE + body)
-        projects.append(project)
-        return project
-
-    yield make
-    errors = []
-    for project in projects:
-        try:
-            project.cleanup()
-        except Exception as exc:  # clean up the others anyway, then fail
-            errors.append(exc)
-    if errors:
-        raise errors[0]
+def make_project(make_project):
+    """The shared fixture, with this file's recording helpers in front of every body."""
+    return lambda body: make_project(PRELUDE + body)
 
 
 def send(project: Project, routing_key: str, payload: Any = None, *, body: bytes | None = None,
@@ -407,3 +385,38 @@ def test_handlers_get_the_body_as_bytes_even_with_a_content_encoding(make_projec
 
     wait_for(lambda: len(calls(project)) >= 2, what="both handlers called")
     assert {r["handler"]: r["type"] for r in calls(project)} == {"raw": "bytes", "bound": "bytes"}
+
+
+REJECTED = f"""
+events = Events(app, service=SERVICE, exchange=EXCHANGE, {SETTINGS}, max_retries=3)
+
+@events.handler("rej.#", bind=True)
+def rej(event):
+    note(event, "rej", deaths=[(d["queue"], d["reason"]) for d in event.headers.get("x-death", [])])
+"""
+
+
+def test_a_message_rejected_elsewhere_comes_back_through_the_ladder_counted(make_project):
+    """basic.reject(requeue=False) by any consumer: the queue's dead-letter arguments send it one
+    unit through the ladder, back to the same queue only, and the reject counts as an attempt."""
+    from kombu import Connection
+
+    project = make_project(REJECTED)
+    project.declare()
+    queue = f"{project.service}.rej"
+    message_id = send(project, "rej.1", {"n": 1}, application_headers={"x-request-id": "r-7"})
+    with Connection(project.broker_url) as conn:
+        channel = conn.channel()
+        message = wait_for(lambda: channel.basic_get(queue, no_ack=False), what="the message")
+        channel.basic_reject(message.delivery_tag, requeue=False)
+        rejected_at = time.time()
+    wait_for(lambda: queue_depth(project.broker_url, queue)[0] == 1, timeout=5, what="back in its queue")
+    assert time.time() - rejected_at >= 0.1 - EPSILON  # it waited one 100 ms unit in the ladder
+    project.worker().wait_ready()
+    [call] = wait_for(lambda: calls(project, "rej"), what="handled")
+    assert call["message_id"] == message_id
+    assert call["attempt"] == 2  # the reject counted
+    assert call["routing_key"] == "rej.1"  # the event's own key, not the ladder's
+    # The broker's own record: rejected from its queue, expired from ladder level 0.
+    assert sorted(map(tuple, call["deaths"])) == [(f"{project.service}.delay.0", "expired"), (queue, "rejected")]
+    assert call["headers"]["x-request-id"] == "r-7"
