@@ -54,26 +54,24 @@ def _current() -> _State:
     return _state
 
 
-def handled(i: int) -> None:
-    """Count message ``i`` as handled successfully."""
+def _count(counts: bytearray, i: int) -> None:
     s = _current()
     now = time.time()
     if not s.count:
         s.first = now
     s.count += 1
     s.last = now
-    s.ok[i] = min(s.ok[i] + 1, 255)
+    counts[i] = min(counts[i] + 1, 255)
+
+
+def handled(i: int) -> None:
+    """Count message ``i`` as handled successfully."""
+    _count(_current().ok, i)
 
 
 def failed(i: int) -> None:
     """Count a (deliberately) failed attempt of message ``i``."""
-    s = _current()
-    now = time.time()
-    if not s.count:
-        s.first = now
-    s.count += 1
-    s.last = now
-    s.fail[i] = min(s.fail[i] + 1, 255)
+    _count(_current().fail, i)
 
 
 def latency(sent_at: float) -> None:
