@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from . import ladder, names
 from .backoff import Backoff, Exponential
+from .codec import accept_set
 from .errors import ConfigurationError
 
 #: Environment variables honoured (seed 000's names for retries and the archive).
@@ -67,6 +68,7 @@ class Settings:
             raise ConfigurationError(
                 f"accept_content must be a non-empty list of content types, got {self.accept_content!r}"
             )
+        accept_set(self.accept_content)  # unknown serializer names fail here, at start-up
         if self.backoff is not None and not callable(getattr(self.backoff, "delay_ms", None)):
             raise ConfigurationError(
                 f"backoff must be a backoff policy such as Exponential(...) or Constant(...), got {self.backoff!r}"
