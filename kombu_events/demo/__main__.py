@@ -10,6 +10,13 @@ import time
 
 ORDERS = 5
 EXPECTED = ORDERS * 2  # each order reaches on_order_created and audit
+_print_lock = threading.Lock()
+
+
+def say(text: str) -> None:
+    """Print one whole line (the worker's output and ours come from two threads)."""
+    with _print_lock:
+        print(text, flush=True)
 
 
 def main() -> int:
@@ -17,7 +24,7 @@ def main() -> int:
     command = [sys.executable, "-m", "celery", "-A", "kombu_events.demo.app", "worker", "--with-events-step",
                "--pool=prefork", "--concurrency=2", "--loglevel=INFO", "--without-mingle",
                "--without-gossip", "--without-heartbeat", "--hostname=demo@%h"]
-    print("$ " + " ".join(command[2:]), flush=True)
+    say("$ " + " ".join(command[2:]))
     worker = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True)
     handled: list[str] = []
@@ -31,7 +38,7 @@ def main() -> int:
         deadline = time.monotonic() + 60
         while len(handled) < EXPECTED and time.monotonic() < deadline and worker.poll() is None:
             time.sleep(0.1)
-        print(f"\n{len(handled)} of {EXPECTED} deliveries handled (one after a broker-side retry)")
+        say(f"\n{len(handled)} of {EXPECTED} deliveries handled (one after a broker-side retry)")
         return 0 if len(handled) >= EXPECTED else 1
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -42,8 +49,8 @@ def _follow(worker: subprocess.Popen, handled: list[str], ready: threading.Event
     for line in worker.stdout:
         if " ready." in line:
             ready.set()
-        if "[demo]" in line or "event outcome=retry" in line or "ERROR" in line:
-            print("worker | " + line.rstrip().split("] ", 1)[-1], flush=True)
+        if "[demo]" in line or "event outcome=retry" in line or "ERROR" in line or "succeeded in" in line:
+            say("worker | " + line.rstrip().split("] ", 1)[-1])
         if "[demo] handled" in line or "[demo] audited" in line:
             handled.append(line)
 
@@ -53,8 +60,8 @@ def _publish() -> None:
 
     for order_id in range(1, ORDERS + 1):
         message_id = events.publish(f"orders.{order_id}.created", {"order_id": order_id})
-        print(f"published orders.{order_id}.created ({message_id})", flush=True)
-    print(f"task add(2, 3) sent: {add.delay(2, 3).id}", flush=True)
+        say(f"published orders.{order_id}.created ({message_id})")
+    say(f"task add(2, 3) sent: {add.delay(2, 3).id}")
 
 
 if __name__ == "__main__":
