@@ -420,3 +420,31 @@ def test_a_message_rejected_elsewhere_comes_back_through_the_ladder_counted(make
     # The broker's own record: rejected from its queue, expired from ladder level 0.
     assert sorted(map(tuple, call["deaths"])) == [(f"{project.service}.delay.0", "expired"), (queue, "rejected")]
     assert call["headers"]["x-request-id"] == "r-7"
+
+
+QUORUM = f"""
+events = Events(app, service=SERVICE, exchange=EXCHANGE, {SETTINGS}, backoff={BACKOFF}, queue_type="quorum",
+                max_retries=1)
+
+@events.handler("qq.#", bind=True)
+def qq(event):
+    note(event, "qq")
+    if event.payload.get("fail") or event.attempt == 1:
+        raise RuntimeError("fails")
+"""
+
+
+def test_quorum_queues_retry_and_archive_the_same_way(make_project):
+    project = make_project(QUORUM)
+    project.worker().wait_ready()
+    queue = f"{project.service}.qq"
+    info = management_queue(project.broker_url, queue)
+    assert info["type"] == "quorum"
+    assert info["arguments"]["x-dead-letter-strategy"] == "at-least-once"
+    assert info["arguments"]["x-overflow"] == "reject-publish"
+    assert management_queue(project.broker_url, f"{project.service}.delay.0")["type"] == "quorum"
+    once, always = send(project, "qq.1", {}), send(project, "qq.2", {"fail": True})
+    wait_for(lambda: len(calls(project, "qq", once)) == 2, what="retried once, then handled")
+    [archived] = wait_archived(project)
+    assert archived.properties["message_id"] == always
+    assert [c["attempt"] for c in calls(project, "qq", always)] == [1, 2]
