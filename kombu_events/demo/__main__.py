@@ -43,6 +43,23 @@ def main() -> int:
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=30)
+        _delete_topology()
+
+
+def _delete_topology() -> None:
+    """A demo leaves nothing behind: delete the demo service's queues and exchanges."""
+    from kombu import Connection
+
+    from kombu_events.demo.app import events
+
+    topology = events.topology()
+    with Connection(events.broker_url) as conn:
+        channel = conn.channel()
+        for queue in topology.queues:
+            channel.queue_delete(queue.name)
+        for exchange in topology.exchanges:
+            channel.exchange_delete(exchange.name)
+    say(f"deleted the demo's {len(topology.queues)} queues and {len(topology.exchanges)} exchanges")
 
 
 def _follow(worker: subprocess.Popen, handled: list[str], ready: threading.Event) -> None:
