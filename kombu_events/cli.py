@@ -116,7 +116,7 @@ def safe_text(text: str) -> str:
 @click.pass_context
 def cli(ctx: click.Context, app_name: str | None, broker: str | None, service: str | None) -> None:
     """Operate kombu-events: topology, queue status, archive, publishing."""
-    sys.path.insert(0, ".")
+    sys.path.insert(0, ".")  # as `celery -A` does: the app module is found from the current directory
     ctx.obj = Context(app_name, broker, service)
 
 

@@ -239,3 +239,9 @@ def test_event_decorator_body_can_refuse(events, published):
 def test_event_decorator_rejects_wildcard_routing_keys(events):
     with pytest.raises(ConfigurationError, match="routing_key"):
         events.event("billing.#")
+
+
+def test_a_misspelt_setting_fails_when_events_is_created():
+    app = celery.Celery("typo", broker="memory://")
+    with pytest.raises(ConfigurationError, match="unknown setting.*max_retry.*valid:.*max_retries"):
+        Events(app, service="billing", max_retry=3)
