@@ -1,7 +1,7 @@
 """Settings of an events service: defaults, environment, Celery config, validation."""
 from __future__ import annotations
 
-__all__ = ["Settings", "resolve_settings", "broker_url", "ENV"]
+__all__ = ["Settings", "resolve_settings", "check_setting_names", "broker_url", "ENV", "SETTING_NAMES"]
 
 import os
 from dataclasses import dataclass, fields
@@ -118,6 +118,18 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     return found
 
 
+SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"service"}
+
+
+def check_setting_names(overrides: Mapping[str, Any]) -> None:
+    """Raise ConfigurationError naming any key of ``overrides`` that is not a setting."""
+    unknown = set(overrides) - SETTING_NAMES
+    if unknown:
+        raise ConfigurationError(
+            f"unknown setting(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(SETTING_NAMES))}"
+        )
+
+
 def resolve_settings(
     service: str,
     conf: Mapping[str, Any] | None = None,
@@ -126,14 +138,9 @@ def resolve_settings(
 ) -> Settings:
     """Build and validate :class:`Settings` from keyword overrides, Celery conf and environment."""
     environ = os.environ if environ is None else environ
-    known = {f.name for f in fields(Settings)} - {"service"}
-    unknown = set(overrides) - known
-    if unknown:
-        raise ConfigurationError(
-            f"unknown setting(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(known))}"
-        )
+    check_setting_names(overrides)
     values = _from_env(environ)
-    for name in known:
+    for name in SETTING_NAMES:
         value = _conf_get(conf, f"kombu_events_{name}")
         if value is not None:
             values[name] = value

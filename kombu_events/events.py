@@ -6,21 +6,19 @@ __all__ = ["Events", "registered"]
 import functools
 import inspect
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from . import names
 from .backoff import Backoff
 from .codec import accept_set
-from .config import Settings, broker_url, resolve_settings
+from .config import Settings, broker_url, check_setting_names, resolve_settings
 from .errors import ConfigurationError
 from .handlers import Handler, exception_classes, validate_binding_key
 from .publisher import Publisher, build_message
 from .topology import Topology, build_topology
 
 logger = logging.getLogger(__name__)
-
-SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"service"}
 
 #: Every Events instance created in this process (pool processes find handlers here).
 registered: list["Events"] = []
@@ -43,10 +41,7 @@ class Events:
 
     def __init__(self, app: Any, service: str, *, broker: str | None = None, **settings: Any) -> None:
         names.validate_name("service", service, max_bytes=200)
-        unknown = set(settings) - SETTING_NAMES
-        if unknown:  # a typo fails here, not later at worker start
-            raise ConfigurationError(f"unknown setting(s) {', '.join(sorted(unknown))}; "
-                                     f"valid: {', '.join(sorted(SETTING_NAMES))}")
+        check_setting_names(settings)  # a typo fails here, not later at worker start
         self.app = app
         self.service = service
         self._broker = broker

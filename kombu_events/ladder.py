@@ -17,7 +17,6 @@ __all__ = [
     "level_pattern",
     "pass_pattern",
     "delivery_pattern",
-    "parse_routing_key",
 ]
 
 import math
@@ -102,11 +101,3 @@ def pass_pattern(*, level: int, levels: int) -> str:
 def delivery_pattern(*, levels: int, queue: str) -> str:
     """Binding key of ``queue`` on the delivery exchange: exactly ``levels`` words, then its name."""
     return ".".join(["*"] * levels + [queue])
-
-
-def parse_routing_key(key: str, *, levels: int) -> tuple[int, str]:
-    """Inverse of :func:`routing_key`: ``(delay_units, queue)``."""
-    words = key.split(".", levels)
-    if len(words) != levels + 1 or any(word not in ("0", "1") for word in words[:levels]):
-        raise ValueError(f"{key!r} is not a delay-ladder routing key for {levels} levels")
-    return int("".join(words[:levels]) or "0", 2), words[levels]
