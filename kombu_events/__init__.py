@@ -10,17 +10,22 @@ from .errors import (
     DecodeError,
     DelayTooLongError,
     EncodeError,
+    HeaderError,
     KombuEventsError,
     PublishError,
     TopologyConflictError,
     UnroutableError,
 )
+from .decision import Outcome
+from .delivery import Delivery
 from .event import Event
 from .events import Events
 from .failures import Archive, Poisoned, Retry, poisonous
+from .middleware import Middleware
 
 __all__ = [
     "Events", "Event", "Retry", "Archive", "Poisoned", "poisonous", "Exponential", "Constant",
+    "Middleware", "Delivery", "Outcome", "HeaderError",
     "KombuEventsError", "ConfigurationError", "DelayTooLongError", "TopologyConflictError",
     "PublishError", "UnroutableError", "BrokerUnavailableError", "DecodeError", "EncodeError",
 ]

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from amqp import Message
 
-from . import headers as wire, ladder
+from . import headers as wire
 from .confirms import Confirmer
 from .topology import Topology
 
@@ -112,7 +112,7 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
     replayed: list[ArchivedMessage] = []
     kept: list[tuple[ArchivedMessage, str]] = []
     handler_queues = {q.name for q in topology.handler_queues}
-    levels = topology.settings.delay_levels
+    userid = getattr(connection, "userid", None)
     chosen = 0
     try:
         for message in _scan(channel, topology.archive_exchange):
@@ -124,10 +124,10 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
             if message.queue not in handler_queues:
                 kept.append((message, f"queue {message.queue!r} is not a queue of this service"))
                 continue
-            properties = dict(message.properties)
-            properties["application_headers"] = wire.replay_headers(message.headers)
-            key = ladder.routing_key(delay_units=0, levels=levels, queue=message.queue)
-            confirmer.publish(Message(message.body, **properties), topology.entry_exchange(0), key,
+            headers = wire.replay_headers(message.headers)
+            properties = wire.republish_properties(message.properties, headers, userid=userid)
+            address = topology.address(message.queue, 0)
+            confirmer.publish(Message(message.body, **properties), address.exchange, address.routing_key,
                               on_ok=_acker(channel, message, replayed),
                               on_fail=lambda why, m=message: kept.append((m, why)))
         while confirmer.pending:

@@ -9,6 +9,9 @@ from typing import Any
 import click
 from celery import bootsteps
 
+from . import registry, wire_guard
+from .consumer import ServiceConsumer
+
 logger = logging.getLogger(__name__)
 
 OPTION = "--with-events-step"
@@ -23,15 +26,14 @@ class EventsStep(bootsteps.StartStopStep):
     def __init__(self, parent: Any, with_events_step: bool = False, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.enabled = bool(with_events_step)
-        self.consumers: list[Any] = []
+        self.consumers: list[ServiceConsumer] = []
         if self.enabled:
-            from .consumer import ServiceConsumer
-            from .events import registered
-
-            services = [e for e in registered if e.app is parent.app]
+            # Resolving here, before the pool forks, validates every setting at start-up, and
+            # forked pool processes inherit the routes ready-made.
+            services = registry.resolve(parent.app)
             if not services:
                 logger.warning("kombu-events: %s given but app %s registers no Events", OPTION, parent.app.main)
-            # Resolving here, before the pool forks, validates every setting at start-up.
+            wire_guard.install()  # a message py-amqp cannot decode must not end the worker
             self.consumers = [ServiceConsumer(e) for e in services]
 
     def start(self, c: Any) -> None:

@@ -13,6 +13,7 @@ import click
 from kombu import Connection
 
 from . import archive as archive_ops
+from . import registry, wire_guard
 from .config import broker_url
 from .declare import declare as declare_topology
 from .errors import BrokerUnavailableError, KombuEventsError
@@ -61,15 +62,13 @@ class Context:
 def _select(app_name: str | None, service: str | None) -> Any:
     from celery.app.utils import find_app
 
-    from .events import registered
-
     if not app_name:
         raise click.UsageError("no app given: pass -A/--app MODULE (e.g. -A proj.events)")
     try:
         app = find_app(app_name)
     except Exception as exc:
         raise KombuEventsError(f"cannot load app {app_name!r}: {type(exc).__name__}: {exc}") from exc
-    services = [e for e in registered if e.app is app]
+    services = registry.services_of(app)
     if not services:
         raise KombuEventsError(f"app {app_name!r} registers no Events(app, service=...)")
     if service is None:
@@ -117,6 +116,7 @@ def safe_text(text: str) -> str:
 def cli(ctx: click.Context, app_name: str | None, broker: str | None, service: str | None) -> None:
     """Operate kombu-events: topology, queue status, archive, publishing."""
     sys.path.insert(0, ".")  # as `celery -A` does: the app module is found from the current directory
+    wire_guard.install()  # archived messages py-amqp cannot decode are still listed and replayed
     ctx.obj = Context(app_name, broker, service)
 
 

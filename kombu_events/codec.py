@@ -26,17 +26,23 @@ def accept_set(accept: Iterable[str]) -> frozenset[str]:
 def decode(body: bytes, content_type: str | None, content_encoding: str | None, accept: frozenset[str]) -> Any:
     """Decoded payload; a message without a content type is tried as JSON.
 
-    Raises DecodeError when the type is not accepted or the body does not parse.
+    Raises DecodeError when the type is not accepted or the body does not parse --
+    and nothing else, whatever the body (a JSON document nested too deep for the
+    parser is undecodable too).
     """
+    if isinstance(body, str):  # a channel with auto_decode on: back to the bytes that were sent
+        body = _bytes(body, content_encoding)
     # MIME types are case-insensitive and may carry parameters ("application/json; charset=utf-8").
-    content_type = (content_type or JSON).split(";", 1)[0].strip().lower() or JSON
+    content_type = (content_type if isinstance(content_type, str) else "") or JSON
+    content_type = content_type.split(";", 1)[0].strip().lower() or JSON
     if content_type == JSON and JSON in accept:
         try:
             if content_encoding and content_encoding.lower() not in _UTF8:
-                body = body.decode(content_encoding)
+                return json.loads(body.decode(content_encoding))
             return json.loads(body)
-        except (ValueError, TypeError, LookupError) as exc:
-            raise DecodeError(f"body is not valid JSON in {content_encoding or 'utf-8'}: {exc}") from exc
+        except Exception as exc:  # ValueError, UnicodeError, LookupError, RecursionError, ...
+            raise DecodeError(f"body is not valid JSON in {content_encoding or 'utf-8'}: "
+                              f"{type(exc).__name__}: {exc}") from exc
     if content_type not in accept:
         raise DecodeError(
             f"content type {content_type!r} is not accepted (accept_content: {', '.join(sorted(accept))})"
@@ -47,3 +53,10 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
         raise DecodeError(str(exc)) from exc
     except Exception as exc:
         raise DecodeError(f"body does not decode as {content_type}: {type(exc).__name__}: {exc}") from exc
+
+
+def _bytes(body: str, content_encoding: str | None) -> bytes:
+    try:
+        return body.encode(content_encoding or "utf-8")
+    except Exception as exc:  # LookupError, UnicodeEncodeError
+        raise DecodeError(f"body arrived as text that does not encode as {content_encoding!r}: {exc}") from exc

@@ -1,8 +1,10 @@
-"""Consume one service's handler queues inside a worker; hand messages to the pool; act on decisions.
+"""Consume one service's handler queues inside a worker; hand messages to the pool; carry out plans.
 
-Glue, on the worker's event loop: every decision comes from :func:`decision.decide`.
-Retries and archiving republish with pipelined confirms and ack the original only
-when the broker has confirmed the copy, so a crash in between duplicates, never loses.
+Glue, on the worker's event loop: :func:`~kombu_events.delivery.read_delivery` reads a
+message, the pool runs its handler, :func:`~kombu_events.plan.plan` decides, and
+:meth:`ServiceConsumer._execute` carries the plan out. A republish (retry, requeue,
+archive) is confirmed before the original is acked, so a crash in between
+duplicates, never loses.
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ from typing import Any
 from amqp import Message
 from kombu import Consumer
 
-from . import decision, headers as wire, ladder, runner
+from . import decision, runner, signals
 from .confirms import Confirmer
 from .declare import declare
-from .handlers import Handler
+from .delivery import Delivery, read_delivery
 from .logs import log_outcome
+from .plan import Ack, Republish, Step, plan
+from .registry import Route
 
 logger = logging.getLogger(__name__)
 
@@ -35,16 +39,18 @@ class ServiceConsumer:
     def __init__(self, events: Any) -> None:
         self.events = events
         self.settings = events.settings
-        self.handlers = events.handlers  # resolving validates: bad config fails at start-up
+        self.routes: tuple[Route, ...] = tuple(events.routes())  # resolving validates: bad config fails at start-up
+        self.hooks = events.hooks
         self.topology = events.topology()
         self._queues = {q.name: q for q in self.topology.handler_queues}
         self._consumers: list[Consumer] = []
         self._channels: list[Any] = []
         self._confirmer: Confirmer | None = None
-        self._pool = self._hub = None
+        self._pool: Any = None
+        self._hub: Any = None
         self._userid: str | None = None
         self._loop_ident = threading.get_ident()
-        self._mailbox: deque = deque()
+        self._mailbox: deque[tuple[Any, ...]] = deque()
         self._wake: tuple[int, int] | None = None
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
@@ -60,12 +66,12 @@ class ServiceConsumer:
         channel.auto_decode = False  # handlers get the body bytes as published, never a str
         channel.basic_qos(0, self.settings.prefetch_count, False)
         publish_channel = connection.channel()
-        self._confirmer = Confirmer(publish_channel)
+        self._confirmer = Confirmer(publish_channel, check_frame_size=True)
         self._channels = [channel, publish_channel]
         self._consumers = [
-            Consumer(channel, queues=[self._queues[h.queue]], no_ack=False, auto_declare=False,
-                     on_message=partial(self._on_message, h))
-            for h in self.handlers
+            Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False, auto_declare=False,
+                     on_message=partial(self._on_message, r))
+            for r in self.routes
         ]
         if hub is None:
             self.consume()  # no event loop (synloop): nothing else will call consume()
@@ -81,7 +87,7 @@ class ServiceConsumer:
         for consumer in self._consumers:
             consumer.consume()
         logger.info("kombu-events: service %s consuming %s", self.settings.service,
-                    ", ".join(h.queue for h in self.handlers))
+                    ", ".join(r.handler.queue for r in self.routes))
 
     def stop(self) -> None:
         """Stop receiving; keep channels so handlers still running can ack."""
@@ -123,20 +129,36 @@ class ServiceConsumer:
 
     # -- receiving ----------------------------------------------------------------------------
 
-    def _on_message(self, handler: Handler, message: Any) -> None:
-        headers = message.headers
-        queue = handler.queue
-        attempt = wire.attempt_of(headers, queue)
-        routing_key = wire.original_routing_key(headers, message.delivery_info["routing_key"], queue)
-        done = partial(self._post, handler, message, attempt, routing_key, time.monotonic())
-        if message.delivery_info.get("redelivered"):
+    def _on_message(self, route: Route, message: Any) -> None:
+        """kombu callback on the event loop: nothing a publisher sends may raise out of here."""
+        try:
+            self._receive(route, message)
+        except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
+            logger.exception("kombu-events: could not take message %r from %s; left unacked",
+                             getattr(message, "properties", {}).get("message_id"), route.handler.queue)
+
+    def _receive(self, route: Route, message: Any) -> None:
+        handler = route.handler
+        delivery = read_delivery(handler.queue, message.body, message.properties, message.delivery_info,
+                                 received=time.monotonic())
+        if self.hooks.on_received:
+            self.hooks.received(delivery)
+        if delivery.unreadable:
+            outcome: decision.Outcome | None = decision.Outcome(decision.UNDECODABLE, delivery.unreadable)
+        elif delivery.redelivered:
             # Its last delivery ended without an ack (worker or connection lost): send it back,
             # counted, so a message that keeps killing its worker cannot loop forever.
-            done(decision.Outcome(decision.REDELIVERED, "redelivered after an unacknowledged delivery"))
+            outcome = decision.Outcome(decision.REDELIVERED, "redelivered after an unacknowledged delivery")
+        else:
+            outcome = self.hooks.before_dispatch(delivery) if self.hooks.on_before_dispatch else None
+        if outcome is not None:
+            self._settle(route, delivery, message, outcome)
             return
-        meta = (routing_key, attempt, headers, message.properties) if handler.bind else None
-        self._pool.apply_async(runner.run, (queue, message.body, message.content_type,
-                                            message.content_encoding, meta, attempt > handler.max_retries),
+        meta = (delivery.routing_key, delivery.attempt, delivery.headers, delivery.properties)
+        done = partial(self._post, route, delivery, message)
+        self._pool.apply_async(runner.run, (handler.queue, delivery.body, delivery.content_type,
+                                            delivery.content_encoding, meta,
+                                            decision.is_final(delivery.attempt, handler.max_retries)),
                                callback=done, error_callback=done)
 
     def _post(self, *item: Any) -> None:
@@ -147,104 +169,70 @@ class ServiceConsumer:
         self._mailbox.append(item)
         try:
             os.write(self._wake[1], b"\0")
-        except (BlockingIOError, OSError):
+        except OSError:
             pass  # a wake-up byte is already pending
 
     def _drain_mailbox(self, *_: Any) -> None:
         try:
             while self._wake is not None and os.read(self._wake[0], 4096):
                 pass
-        except (BlockingIOError, OSError):
+        except OSError:
             pass
         while self._mailbox:
             self._settle(*self._mailbox.popleft())
 
-    # -- acting on a decision -----------------------------------------------------------------
+    # -- carrying out the plan -----------------------------------------------------------------
 
-    def _settle(self, handler: Handler, message: Any, attempt: int, routing_key: str,
-                started: float, result: Any) -> None:
+    def _settle(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
         try:
-            self._carry_out(handler, message, attempt, routing_key, started, result)
+            outcome = result if isinstance(result, decision.Outcome) else \
+                decision.lost(result, traceback_limit=self.settings.traceback_limit)
+            step = plan(delivery, outcome, max_retries=route.handler.max_retries, backoff=route.handler.backoff,
+                        topology=self.topology, userid=self._userid)
+            self._execute(route, delivery, message, outcome, step)
         except Exception:  # never let one message break the event loop; it stays unacked
-            logger.exception("kombu-events: could not settle message %s from %s; left unacked",
-                             message.properties.get("message_id"), handler.queue)
+            logger.exception("kombu-events: could not settle message %r from %s; left unacked",
+                             delivery.message_id, delivery.queue)
 
-    def _carry_out(self, handler: Handler, message: Any, attempt: int, routing_key: str,
-                   started: float, result: Any) -> None:
-        if not isinstance(result, decision.Outcome):  # billiard's ExceptionInfo: the process died
-            exc = getattr(result, "exception", result)
-            exc = getattr(exc, "exc", exc)  # billiard wraps it in ExceptionWithTraceback
-            what = f"{type(exc).__name__}: {exc}"
-            result = decision.Outcome(decision.LOST, f"pool process lost: {what}", what,
-                                      str(getattr(result, "traceback", "") or "")[-self.settings.traceback_limit:])
-        redeliveries = wire.redeliveries_of(message.headers) + 1 if result.kind == decision.REDELIVERED else 0
-        verdict = decision.decide(
-            result, attempt=attempt, max_retries=handler.max_retries, backoff=handler.backoff,
-            max_delay_ms=self.settings.max_delay_ms, lost_delay_ms=self.settings.delay_unit_ms,
-            redeliveries=redeliveries)
-        log = partial(log_outcome, queue=handler.queue, routing_key=routing_key,
-                      message_id=message.properties.get("message_id"), attempt=attempt,
-                      duration_ms=(time.monotonic() - started) * 1000)
-        if verdict.action == "ack":
-            if _quietly(message.ack):
-                log("ack")
-        elif verdict.action == "retry":
-            headers = wire.retry_headers(message.headers, attempt=attempt, routing_key=routing_key,
-                                         error=result.exception or verdict.reason)
-            self._send_back(handler, message, attempt, routing_key, verdict, headers, log, result)
-        elif verdict.action == "requeue":
-            headers = wire.requeue_headers(message.headers, attempt=attempt, redeliveries=redeliveries,
-                                           routing_key=routing_key)
-            self._send_back(handler, message, attempt, routing_key, verdict, headers, log, result)
+    def _execute(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome,
+                 step: Step) -> None:
+        """Carry out ``step``: ack; or republish and ack once confirmed (else its fallback); or hold."""
+        if isinstance(step, Republish):
+            confirmer = self._confirmer
+            if confirmer is None:
+                return  # channels are gone: the original is redelivered
+            on_ok = partial(self._ack, route, delivery, message, outcome, step)
+
+            def on_fail(why: str) -> None:
+                self._execute(route, delivery, message, outcome, step.if_refused(why))
+
+            try:
+                confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,
+                                  on_ok, on_fail)
+            except Exception as exc:  # not sent (connection lost, frame too large, unencodable header)
+                on_fail(f"publish raised {type(exc).__name__}: {exc}")
+        elif isinstance(step, Ack):
+            self._ack(route, delivery, message, outcome, step)
         else:
-            self._archive(handler, message, attempt, routing_key, verdict.reason, result, log)
+            self._settled(route, delivery, outcome, step)
 
-    def _send_back(self, handler, message, attempt, routing_key, verdict, headers, log, result) -> None:
-        """Republish into the ladder, addressed to this queue after ``verdict.delay_ms``; then ack."""
-        s = self.settings
-        units = ladder.units_for(delay_ms=verdict.delay_ms, unit_ms=s.delay_unit_ms, levels=s.delay_levels)
-        key = ladder.routing_key(delay_units=units, levels=s.delay_levels, queue=handler.queue)
+    def _ack(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome, step: Step) -> None:
+        if _quietly(message.ack):
+            self._settled(route, delivery, outcome, step)
 
-        def confirmed() -> None:
-            if _quietly(message.ack):
-                log(verdict.action, delay_ms=units * s.delay_unit_ms, reason=verdict.reason)
-
-        def refused(why: str) -> None:
-            self._archive(handler, message, attempt, routing_key, f"{verdict.action} publish failed ({why}); "
-                          f"{verdict.reason}", result, log)
-
-        self._republish(message, headers, self.topology.entry_exchange(units), key, confirmed, refused)
-
-    def _archive(self, handler, message, attempt, routing_key, reason, result, log) -> None:
-        headers = wire.archive_headers(
-            message.headers, attempt=attempt, queue=handler.queue, routing_key=routing_key,
-            reason=reason, exception=result.exception, traceback=result.traceback)
-
-        def confirmed() -> None:
-            if _quietly(message.ack):
-                log("archive", reason=reason)
-
-        def refused(why: str) -> None:
-            # Nowhere safe to put it: keep it unacked (visible as unacked in the broker).
-            log("held", reason=f"archive publish failed ({why}); message left unacked: {reason}")
-
-        self._republish(message, headers, self.topology.archive_exchange, routing_key, confirmed, refused)
-
-    def _republish(self, message, headers, exchange, routing_key, on_ok, on_fail) -> None:
-        properties = dict(message.properties)
-        if properties.get("expiration") is not None:
-            # A publisher's per-message TTL would cut short a ladder wait or silently drop the
-            # message from the archive: it governs the first delivery only, and is kept here.
-            headers[wire.EXPIRATION] = str(properties.pop("expiration"))
-        properties["application_headers"] = headers
-        if properties.get("user_id") not in (None, self._userid):
-            properties.pop("user_id")  # the broker refuses a user_id other than the connection's
-        if self._confirmer is None:
-            return  # channels are gone: the original is redelivered
-        try:
-            self._confirmer.publish(Message(message.body, **properties), exchange, routing_key, on_ok, on_fail)
-        except Exception as exc:  # not sent (connection lost, unencodable header): not acked either
-            on_fail(f"publish raised {type(exc).__name__}: {exc}")
+    def _settled(self, route: Route, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
+        """One log line, the ``message_settled`` signal and the middleware's ``settled`` hook."""
+        log_outcome(step.action, queue=delivery.queue, routing_key=delivery.routing_key,
+                    message_id=delivery.message_id, attempt=delivery.attempt, duration_ms=outcome.duration_ms,
+                    delay_ms=step.delay_ms, reason=step.reason)
+        if signals.message_settled.receivers:
+            signals.message_settled.send(
+                sender=route.handler.fn, queue=delivery.queue, routing_key=delivery.routing_key,
+                message_id=delivery.message_id, attempt=delivery.attempt, action=step.action,
+                delay_ms=step.delay_ms, reason=step.reason, handler_duration_ms=outcome.duration_ms,
+                outcome=outcome)
+        if self.hooks.on_settled:
+            self.hooks.settled(delivery, outcome, step)
 
 
 def _quietly(fn: Any, *args: Any) -> bool:

@@ -10,6 +10,7 @@ __all__ = [
     "UnroutableError",
     "BrokerUnavailableError",
     "DecodeError",
+    "HeaderError",
     "EncodeError",
 ]
 
@@ -54,6 +55,14 @@ class BrokerUnavailableError(KombuEventsError):
 
 class DecodeError(KombuEventsError):
     """A message body could not be decoded, or its content type is not accepted."""
+
+
+class HeaderError(DecodeError):
+    """A header (or property) of a delivered message cannot be read; ``header`` names it."""
+
+    def __init__(self, header: str, problem: str) -> None:
+        super().__init__(f"header {header!r} {problem}")
+        self.header = header
 
 
 class EncodeError(KombuEventsError, TypeError):

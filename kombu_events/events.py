@@ -1,7 +1,7 @@
 """``Events``: the public surface -- register handlers, publish events, describe the topology."""
 from __future__ import annotations
 
-__all__ = ["Events", "registered"]
+__all__ = ["Events"]
 
 import functools
 import inspect
@@ -9,19 +9,19 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from . import names
+from . import names, registry, signals
 from .backoff import Backoff
+from .bootstep import install
 from .codec import accept_set
 from .config import Settings, broker_url, check_setting_names, resolve_settings
-from .errors import ConfigurationError
+from .errors import ConfigurationError, KombuEventsError
 from .handlers import Handler, exception_classes, validate_binding_key
+from .middleware import Hooks, Middleware
 from .publisher import Publisher, build_message
+from .registry import Route
 from .topology import Topology, build_topology
 
 logger = logging.getLogger(__name__)
-
-#: Every Events instance created in this process (pool processes find handlers here).
-registered: list["Events"] = []
 
 
 @dataclass
@@ -39,20 +39,21 @@ class Events:
     every event, two workers of one service share them.
     """
 
-    def __init__(self, app: Any, service: str, *, broker: str | None = None, **settings: Any) -> None:
+    def __init__(self, app: Any, service: str, *, broker: str | None = None,
+                 middleware: Iterable[Middleware] = (), **settings: Any) -> None:
         names.validate_name("service", service, max_bytes=200)
         check_setting_names(settings)  # a typo fails here, not later at worker start
         self.app = app
         self.service = service
+        #: The service's middleware, grouped by hook (see :mod:`kombu_events.middleware`).
+        self.hooks = Hooks(middleware)
         self._broker = broker
         self._overrides = settings
         self._settings: Settings | None = None
         self._specs: list[_Spec] = []
         self._handlers: tuple[Handler, ...] | None = None
         self._publisher: Publisher | None = None
-        registered.append(self)
-        from .bootstep import install
-
+        registry.register(self)
         install(app)
 
     # -- configuration -------------------------------------------------------------------------
@@ -147,6 +148,11 @@ class Events:
         """The handler consuming ``queue``, if this service has one."""
         return next((h for h in self.handlers if h.queue == queue), None)
 
+    def routes(self) -> list[Route]:
+        """What the process running each handler needs: handler, accepted types, middleware."""
+        accept, limit = self.accept, self.settings.traceback_limit
+        return [Route(h, accept, limit, self.hooks) for h in self.handlers]
+
     def topology(self) -> Topology:
         """The full topology of this service (unbound kombu entities)."""
         return build_topology(self.settings, self.handlers)
@@ -172,7 +178,14 @@ class Events:
         """
         names.validate_name("routing_key", routing_key)
         message = build_message(payload, message_id=message_id, correlation_id=correlation_id, headers=headers)
-        self.publisher.publish(self.settings.exchange, routing_key, message)
+        exchange = self.settings.exchange
+        self._before_publish(exchange, routing_key, message)
+        try:
+            self.publisher.publish(exchange, routing_key, message)
+        except KombuEventsError as exc:
+            self._after_publish(exchange, routing_key, message, exc)
+            raise
+        self._after_publish(exchange, routing_key, message, None)
         return message.properties["message_id"]
 
     def publish_many(self, events: Iterable[tuple[str, Any]]) -> list[str]:
@@ -182,15 +195,35 @@ class Events:
         round trip. On error nothing says which of the others arrived: publish the
         batch again (events are at-least-once; handlers are idempotent).
         """
+        exchange = self.settings.exchange
         items = []
         for routing_key, payload in events:
             names.validate_name("routing_key", routing_key)
-            items.append((self.settings.exchange, routing_key, build_message(payload)))
-        errors = self.publisher.publish_many(items)
+            items.append((exchange, routing_key, build_message(payload)))
+        for _x, routing_key, message in items:
+            self._before_publish(exchange, routing_key, message)
+        try:
+            errors: list[Any] = list(self.publisher.publish_many(items))
+        except KombuEventsError as exc:
+            errors = [exc] * len(items)
+        for (_x, routing_key, message), error in zip(items, errors):
+            self._after_publish(exchange, routing_key, message, error)
         failed = [e for e in errors if e is not None]
         if failed:
             raise failed[0]
         return [m.properties["message_id"] for _x, _k, m in items]
+
+    def _before_publish(self, exchange: str, routing_key: str, message: Any) -> None:
+        if self.hooks.on_before_publish:
+            self.hooks.before_publish(exchange, routing_key, message.properties)
+
+    def _after_publish(self, exchange: str, routing_key: str, message: Any, error: Exception | None) -> None:
+        if self.hooks.on_after_publish:
+            self.hooks.after_publish(exchange, routing_key, message.properties, error)
+        if signals.event_published.receivers:
+            signals.event_published.send(sender=self, exchange=exchange, routing_key=routing_key,
+                                         message_id=message.properties.get("message_id"),
+                                         properties=message.properties, error=error)
 
     def event(self, routing_key: str) -> Callable[[Callable[..., Any]], Callable[..., str]]:
         """Decorator for a publishing function whose body validates its arguments (seed 000).

@@ -10,11 +10,14 @@ __all__ = [
     "ATTEMPTS", "ROUTING_KEY", "QUEUE", "FIRST_FAILURE_AT", "LAST_ERROR",
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
-    "requeue_headers", "archive_headers", "replay_headers",
+    "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
+    "DROPPED_HEADERS", "as_sent",
 ]
 
 from datetime import datetime, timezone
 from typing import Any, Mapping
+
+from .errors import HeaderError
 
 PREFIX = "kombu-events-"
 ATTEMPTS = PREFIX + "attempts"  # failed attempts before this delivery
@@ -28,42 +31,67 @@ TRACEBACK = PREFIX + "traceback"
 ARCHIVED_AT = PREFIX + "archived-at"
 REDELIVERIES = PREFIX + "redeliveries"  # broker redeliveries, counted apart from attempts
 EXPIRATION = PREFIX + "expiration"  # the publisher's expiration property, dropped on republish
+UNREADABLE_HEADERS = PREFIX + "unreadable-headers"  # the raw bytes of a header table py-amqp could not decode
+DROPPED_HEADERS = PREFIX + "dropped-headers"  # why an archived copy lost the publisher's headers
+
+#: The basic properties a republished copy carries over (a decoder may add other keys).
+_PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",
+               "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id")
 
 _FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEPTION, TRACEBACK, ARCHIVED_AT,
                     REDELIVERIES)
 _ERROR_LIMIT = 500
 
 
-def _is_dead_letter_header(name: str) -> bool:
-    return name == "x-death" or name.startswith(("x-first-death-", "x-last-death-"))
+def _is_dead_letter_header(name: object) -> bool:
+    return isinstance(name, str) and (name == "x-death" or name.startswith(("x-first-death-", "x-last-death-")))
+
+
+def _count(headers: Mapping[str, Any], name: str) -> int:
+    """A non-negative integer counter header (0 when absent); HeaderError for anything else."""
+    value = headers.get(name)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HeaderError(name, f"must be an integer >= 0, got {_show(value)}")
+    return value
+
+
+def _deaths(headers: Mapping[str, Any], queue: str) -> list[Mapping[str, Any]]:
+    """The broker's ``x-death`` entries for ``queue``; HeaderError if the header is not a list of tables."""
+    deaths = headers.get("x-death")
+    if deaths is None:
+        return []
+    if not isinstance(deaths, list):
+        raise HeaderError("x-death", f"must be an array of tables, got {_show(deaths)}")
+    if not all(isinstance(death, Mapping) for death in deaths):
+        raise HeaderError("x-death", "must be an array of tables, found an entry that is not a table")
+    return [death for death in deaths if death.get("queue") == queue]
 
 
 def rejected_count(headers: Mapping[str, Any], queue: str) -> int:
     """How often the broker dead-lettered this message out of ``queue`` on reject."""
     total = 0
-    for death in headers.get("x-death") or ():
-        if isinstance(death, Mapping) and death.get("queue") == queue and death.get("reason") == "rejected":
-            total += int(death.get("count") or 1)
+    for death in _deaths(headers, queue):
+        if death.get("reason") != "rejected":
+            continue
+        count = death.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise HeaderError("x-death", f"count of queue {queue!r} must be an integer >= 0, got {_show(count)}")
+        total += count
     return total
 
 
 def attempt_of(headers: Mapping[str, Any] | None, queue: str) -> int:
-    """1-based number of the attempt this delivery is."""
+    """1-based number of the attempt this delivery is; HeaderError if a counter cannot be read."""
     if not headers:
         return 1
-    try:
-        previous = max(0, int(headers.get(ATTEMPTS) or 0))  # any publisher may set it: never below 0
-    except (TypeError, ValueError, OverflowError):
-        previous = 0
-    return previous + rejected_count(headers, queue) + 1
+    return _count(headers, ATTEMPTS) + rejected_count(headers, queue) + 1
 
 
 def redeliveries_of(headers: Mapping[str, Any] | None) -> int:
-    """Broker redeliveries this message went through before this delivery."""
-    try:
-        return max(0, int((headers or {}).get(REDELIVERIES) or 0))
-    except (TypeError, ValueError, OverflowError):
-        return 0
+    """Broker redeliveries this message went through before this delivery; HeaderError if unreadable."""
+    return _count(headers, REDELIVERIES) if headers else 0
 
 
 def original_routing_key(headers: Mapping[str, Any] | None, routing_key: str, queue: str) -> str:
@@ -71,11 +99,30 @@ def original_routing_key(headers: Mapping[str, Any] | None, routing_key: str, qu
     if not headers:
         return routing_key
     if ROUTING_KEY in headers:
-        return str(headers[ROUTING_KEY])
-    for death in headers.get("x-death") or ():
-        if isinstance(death, Mapping) and death.get("queue") == queue and death.get("routing-keys"):
-            return str(death["routing-keys"][0])
+        value = headers[ROUTING_KEY]
+        if not isinstance(value, str) or not value:
+            raise HeaderError(ROUTING_KEY, f"must be a non-empty string, got {_show(value)}")
+        return value
+    for death in _deaths(headers, queue):
+        keys = death.get("routing-keys")
+        if not keys:
+            continue
+        if not isinstance(keys, list) or not isinstance(keys[0], str):
+            raise HeaderError("x-death", f"routing-keys of queue {queue!r} must be an array of strings, "
+                                         f"got {_show(keys)}")
+        return keys[0]
     return routing_key
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """A short description of a header value for an error message (never raises)."""
+    try:
+        text = repr(value)
+    except Exception:  # a value whose repr fails still gets named by its type
+        text = "?"
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    return f"{type(value).__name__} {text}"
 
 
 def _now() -> str:
@@ -140,3 +187,37 @@ def replay_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     The original routing key stays, so the handler still sees the event's own name.
     """
     return {k: v for k, v in _kept(headers).items() if k not in _FAILURE_HEADERS}
+
+
+def republish_properties(
+    properties: Mapping[str, Any], headers: dict[str, Any], *, userid: str | None
+) -> dict[str, Any]:
+    """Properties of a republished copy: the publisher's own, with ``headers`` (which this may extend).
+
+    A publisher's ``expiration`` governs the first delivery only: it would cut a ladder
+    wait short or drop the copy from the archive, so it moves into a header. A
+    ``user_id`` other than ``userid`` (the connection's user) is dropped: the broker
+    refuses it. Strings that arrived as invalid UTF-8 go back as the bytes they were.
+    """
+    new: dict[str, Any] = {}
+    for name in _PROPERTIES:
+        value = properties.get(name)
+        if value is not None:
+            new[name] = as_sent(value)
+    if new.get("user_id") not in (None, userid):
+        del new["user_id"]
+    expiration = properties.get("expiration")
+    if expiration is not None:
+        headers[EXPIRATION] = as_sent(str(expiration))
+    new["application_headers"] = headers
+    return new
+
+
+def as_sent(value: Any) -> Any:
+    """``value``, or its original bytes if it is a str decoded leniently from invalid UTF-8."""
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogateescape")
+    return value

@@ -1,10 +1,10 @@
 """The topology of one service as unbound kombu entities (DESIGN.md section 2); no I/O."""
 from __future__ import annotations
 
-__all__ = ["ExchangeBinding", "Topology", "build_topology"]
+__all__ = ["Address", "ExchangeBinding", "Topology", "build_topology"]
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 from kombu import Exchange, Queue, binding
 
@@ -22,6 +22,14 @@ class ExchangeBinding:
     routing_key: str
 
 
+class Address(NamedTuple):
+    """Where to publish a message so that it reaches a queue after a delay."""
+
+    exchange: str
+    routing_key: str
+    delay_ms: int  # the delay the ladder holds it: whole units, never less than asked
+
+
 @dataclass(frozen=True)
 class Topology:
     """Every exchange, queue (with its bindings) and exchange-to-exchange binding of a service."""
@@ -35,6 +43,16 @@ class Topology:
     def handler_queues(self) -> tuple[Queue, ...]:
         """The queues handlers consume."""
         return self.queues[: len(self.queues) - self.settings.delay_levels - 1]
+
+    def address(self, queue: str, delay_ms: float) -> Address:
+        """Exchange and routing key that bring a message to ``queue`` after ``delay_ms``.
+
+        Raises DelayTooLongError if the ladder cannot hold the delay.
+        """
+        s = self.settings
+        units = ladder.units_for(delay_ms=delay_ms, unit_ms=s.delay_unit_ms, levels=s.delay_levels)
+        key = ladder.routing_key(delay_units=units, levels=s.delay_levels, queue=queue)
+        return Address(self.entry_exchange(units), key, units * s.delay_unit_ms)
 
     def entry_exchange(self, delay_units: int) -> str:
         """Exchange to publish a message to for ``delay_units`` (the delivery exchange for 0)."""

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from kombu_events import events, runner
+from kombu_events import registry
 
 
 def _no_socket(*args, **kwargs):
@@ -21,12 +21,11 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_registries():
-    """Each test starts with no registered Events and an empty runner registry."""
-    saved_events, saved_runner = list(events.registered), dict(runner._registry)
-    events.registered.clear()
-    runner._registry.clear()
+def _isolated_registry():
+    """Each test starts with no registered Events and no resolved routes."""
+    saved_services, saved_routes = list(registry.services), dict(registry._routes)
+    registry.reset()
     yield
-    events.registered[:] = saved_events
-    runner._registry.clear()
-    runner._registry.update(saved_runner)
+    registry.reset()
+    registry.services.extend(saved_services)
+    registry._routes.update(saved_routes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import celery
 import pytest
 
-from kombu_events import Events, events as events_module
+from kombu_events import Events, registry
 from kombu_events.backoff import Constant, Exponential
 from kombu_events.bootstep import OPTION, EventsStep
 from kombu_events.errors import ConfigurationError
@@ -38,7 +38,7 @@ def test_step_and_worker_option_are_installed_once(app):
 
 def test_instances_are_registered_for_the_pool(app):
     first, second = Events(app, "billing"), Events(app, "shipping")
-    assert events_module.registered == [first, second]
+    assert registry.services_of(app) == [first, second]
 
 
 def test_handler_registration_and_default_queue_names(events):

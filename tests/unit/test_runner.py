@@ -1,4 +1,4 @@
-"""runner.py: what runs in the pool -- decode, call the handler, classify how it ended."""
+"""runner.py: what runs in the pool -- decode, call the handler; decision.classify: how it ended."""
 from __future__ import annotations
 
 import json
@@ -6,12 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from kombu_events import decision, runner
+from kombu_events import decision, registry, runner
 from kombu_events.backoff import Exponential
 from kombu_events.codec import JSON
 from kombu_events.event import Event
 from kombu_events.failures import Archive, Retry, poisonous
 from kombu_events.handlers import Handler
+from kombu_events.registry import Route
 
 QUEUE = "billing.audit"
 ACCEPT = frozenset({JSON})
@@ -45,6 +46,11 @@ class Transient(Exception):
     pass
 
 
+def classify(exc: BaseException, handler: Handler, traceback_limit: int, final: bool = True) -> decision.Outcome:
+    return decision.classify(exc, retry_for=handler.retry_for, dont_retry=handler.dont_retry,
+                             traceback_limit=traceback_limit, final=final)
+
+
 @pytest.mark.parametrize(
     "exc, handler_options, kind, reason",
     [
@@ -63,7 +69,7 @@ class Transient(Exception):
     ],
 )
 def test_classify(exc, handler_options, kind, reason):
-    outcome = runner.classify(_raised(exc), _handler(**handler_options), 2000)
+    outcome = classify(_raised(exc), _handler(**handler_options), 2000)
     assert outcome.kind == kind
     assert outcome.reason.startswith(reason)
     assert outcome.exception == f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
@@ -73,7 +79,7 @@ def test_classify(exc, handler_options, kind, reason):
 
 @pytest.mark.parametrize("exc, delay_ms", [(Retry(2.5), 2500), (Retry(0), 0), (Retry(), None)])
 def test_classify_retry_delay_is_in_milliseconds(exc, delay_ms):
-    assert runner.classify(_raised(exc), _handler(), 100).delay_ms == delay_ms
+    assert classify(_raised(exc), _handler(), 100).delay_ms == delay_ms
 
 
 def _deep(depth: int) -> None:
@@ -88,15 +94,15 @@ def test_traceback_is_bounded_and_keeps_its_tail(limit):
         _deep(10)
     except ValueError as caught:
         exc = caught
-    full = runner.classify(exc, _handler(), 60_000).traceback
+    full = classify(exc, _handler(), 60_000).traceback
     assert len(full) > 200
-    bounded = runner.classify(exc, _handler(), limit).traceback
+    bounded = classify(exc, _handler(), limit).traceback
     assert len(bounded) == limit
     assert full.endswith(bounded)
 
 
 def test_traceback_limit_zero_means_none():
-    assert runner.classify(_raised(ValueError("x")), _handler(), 0).traceback == ""
+    assert classify(_raised(ValueError("x")), _handler(), 0).traceback == ""
 
 
 @pytest.fixture
@@ -104,7 +110,7 @@ def register():
     """Put a handler in the pool-side registry (the autouse fixture empties it afterwards)."""
 
     def put(handler: Handler, accept=ACCEPT, traceback_limit: int = 2000) -> Handler:
-        runner._registry[handler.queue] = (handler, accept, traceback_limit)
+        registry._routes[handler.queue] = Route(handler, accept, traceback_limit)
         return handler
 
     return put
@@ -114,7 +120,7 @@ def test_run_ok_passes_the_decoded_payload(register):
     calls = []
     register(_handler(calls.append))
     outcome = runner.run(QUEUE, b'{"order_id": 7}', JSON, "utf-8")
-    assert outcome == decision.Outcome(decision.OK)
+    assert outcome.kind == decision.OK and outcome.duration_ms >= 0
     assert calls == [{"order_id": 7}]
 
 
@@ -170,17 +176,17 @@ def test_run_unknown_queue_is_lost():
     assert "'billing.nobody'" in outcome.reason
 
 
-def test_run_finds_handlers_of_registered_events_and_caches_them(mocker):
+def test_run_finds_routes_of_registered_services_and_keeps_them(mocker):
     calls = []
     handler = _handler(calls.append)
-    service = SimpleNamespace(handler_for=mocker.Mock(side_effect=lambda q: handler if q == QUEUE else None),
-                              accept=ACCEPT, settings=SimpleNamespace(traceback_limit=10))
-    mocker.patch("kombu_events.events.registered", [service])
+    route = Route(handler, ACCEPT, 10)
+    service = SimpleNamespace(routes=mocker.Mock(return_value=[route]))
+    registry.register(service)
     assert runner.run(QUEUE, b"[1]", JSON, None).kind == decision.OK
     assert runner.run(QUEUE, b"[2]", JSON, None).kind == decision.OK
     assert calls == [[1], [2]]
-    assert runner._registry[QUEUE] == (handler, ACCEPT, 10)
-    service.handler_for.assert_called_once_with(QUEUE)
+    assert registry.route(QUEUE) is route
+    service.routes.assert_called_once_with()
 
 
 def test_outcomes_are_picklable_for_the_prefork_pipe(register):
@@ -195,11 +201,11 @@ def test_outcomes_are_picklable_for_the_prefork_pipe(register):
 
 @pytest.mark.parametrize("exc, kind", [(RuntimeError("transient"), decision.FAILED), (Retry(delay=1), decision.RETRY)])
 def test_a_failure_that_will_be_retried_carries_no_traceback(exc, kind):
-    outcome = runner.classify(_raised(exc), _handler(), traceback_limit=2000, final=False)
+    outcome = classify(_raised(exc), _handler(), traceback_limit=2000, final=False)
     assert outcome.kind == kind and outcome.traceback == ""
-    assert runner.classify(_raised(exc), _handler(), traceback_limit=2000, final=True).traceback
+    assert classify(_raised(exc), _handler(), traceback_limit=2000, final=True).traceback
 
 
 def test_a_failure_archived_at_once_has_its_traceback_even_when_not_final():
-    outcome = runner.classify(_raised(Archive("bad")), _handler(), traceback_limit=2000, final=False)
+    outcome = classify(_raised(Archive("bad")), _handler(), traceback_limit=2000, final=False)
     assert outcome.kind == decision.ARCHIVE and "Archive" in outcome.traceback

@@ -1,0 +1,40 @@
+"""Signals sent for every event message, built on Celery's ``Signal`` (never Celery's own ``task_*``).
+
+Connect a receiver with ``@handler_failed.connect`` (any sender) or
+``@handler_failed.connect(sender=my_handler_function)``. A receiver that raises is
+logged by Celery's dispatcher and never breaks a message. Receivers run where the
+signal is sent: the pool signals in the process that runs handlers (a prefork
+child: connect them at import time of the app, before the pool forks), the others
+in the worker's main process.
+
+Celery's ``task_*`` signals are left alone on purpose: Sentry's and OpenTelemetry's
+Celery integrations read task attributes from their sender, which a handler has not.
+"""
+from __future__ import annotations
+
+__all__ = ["handler_started", "handler_succeeded", "handler_failed", "message_settled", "event_published"]
+
+from celery.utils.dispatch import Signal
+
+#: Pool side, before a handler runs. sender: the handler function; ``event``: the :class:`~kombu_events.Event`.
+handler_started = Signal(name="handler_started", providing_args={"event"})
+
+#: Pool side, after a handler returned. Adds ``duration_ms``: the handler's own run time.
+handler_succeeded = Signal(name="handler_succeeded", providing_args={"event", "duration_ms"})
+
+#: Pool side, after a handler raised. Adds ``exception`` (the exception object), ``traceback``
+#: (its traceback object) and ``duration_ms``.
+handler_failed = Signal(name="handler_failed", providing_args={"event", "exception", "traceback", "duration_ms"})
+
+#: Main process, once a message is settled. sender: the handler function. Arguments: ``queue``,
+#: ``routing_key``, ``message_id``, ``attempt``, ``action`` (ack, retry, requeue, archive or
+#: held), ``delay_ms`` (retry and requeue), ``reason``, ``handler_duration_ms`` (0 if the handler
+#: did not run), ``outcome`` (the :class:`~kombu_events.decision.Outcome`).
+message_settled = Signal(name="message_settled", providing_args={
+    "queue", "routing_key", "message_id", "attempt", "action", "delay_ms", "reason", "handler_duration_ms",
+    "outcome"})
+
+#: Where ``events.publish``/``publish_many`` run, once per event. sender: the ``Events``. Arguments:
+#: ``exchange``, ``routing_key``, ``message_id``, ``properties``, ``error`` (None once confirmed).
+event_published = Signal(name="event_published", providing_args={
+    "exchange", "routing_key", "message_id", "properties", "error"})
