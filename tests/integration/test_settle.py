@@ -148,3 +148,35 @@ def test_a_handler_that_kills_a_solo_worker_ends_in_the_archive_after_the_redeli
     assert message.headers["kombu-events-reason"].startswith("redelivered 3 times without an ack")
     assert message.headers["kombu-events-redeliveries"] == 2
     assert queue_counts(project.broker_url)[f"{project.service}.killer"][:2] == (0, 0)
+
+
+def test_archive_replay_by_another_user_drops_a_user_id_the_broker_would_refuse(make_project):
+    """A message published with user_id=guest and archived keeps it; an operator replaying as another
+    user must not send it back with that user_id (the broker would refuse the publish)."""
+    import subprocess
+    from urllib.parse import urlsplit
+
+    from .harness import run_cli
+
+    project = make_project(FAILS)
+    user, password = unique("op"), unique("pw")
+    subprocess.run(["rabbitmqctl", "-q", "add_user", user, password], check=True, capture_output=True)
+    try:
+        subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", "/", user, ".*", ".*", ".*"], check=True,
+                       capture_output=True)
+        project.worker().wait_ready()
+        message_id = send(project, "jobs.1", {"archive": True}, user_id="guest")
+        [message] = archived(project)
+        assert message.properties["user_id"] == "guest"
+
+        url = urlsplit(project.broker_url)
+        operator = f"amqp://{user}:{password}@{url.hostname}:{url.port or 5672}//"
+        result = run_cli(project, "--broker", operator, "archive", "replay")
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"replayed {message_id}" in result.stdout
+        # replayed, handled again (it archives itself again, now without the other user's user_id)
+        wait_for(lambda: len(handled(project, message_id)) == 2, what="the replayed message handled")
+        [again] = archived(project)
+        assert again.properties["message_id"] == message_id and "user_id" not in again.properties
+    finally:
+        subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True)
