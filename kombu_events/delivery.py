@@ -3,8 +3,7 @@ from __future__ import annotations
 
 __all__ = ["Delivery", "read_delivery", "UNREADABLE"]
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from . import headers as wire
 from .errors import HeaderError
@@ -14,8 +13,7 @@ from .errors import HeaderError
 UNREADABLE = "kombu_events_unreadable"
 
 
-@dataclass(frozen=True)
-class Delivery:
+class Delivery(NamedTuple):
     """One delivery of a message to a handler queue.
 
     ``routing_key`` is the event's own key (kept through the ladder), ``attempt`` is
@@ -26,7 +24,7 @@ class Delivery:
     queue: str
     routing_key: str
     body: bytes = b""
-    properties: Mapping[str, Any] = field(default_factory=dict)
+    properties: Mapping[str, Any] = {}
     attempt: int = 1
     redeliveries: int = 0
     redelivered: bool = False
@@ -35,8 +33,9 @@ class Delivery:
 
     @property
     def headers(self) -> Mapping[str, Any]:
-        """The message's application headers (empty if it has none)."""
-        return self.properties.get("application_headers") or {}
+        """The message's application headers (empty if it has none, or they are not a table)."""
+        headers = self.properties.get("application_headers")
+        return headers if isinstance(headers, Mapping) else {}
 
     @property
     def message_id(self) -> Any:
@@ -75,6 +74,8 @@ def read_delivery(
         return Delivery(queue, routing_key, body, properties, redelivered=redelivered, unreadable=str(unreadable),
                         received=received)
     headers = properties.get("application_headers")
+    if not headers:  # the common case: a message straight from a publisher that sets no headers
+        return Delivery(queue, routing_key, body, properties, 1, 0, redelivered, "", received)
     try:
         if headers is not None and not isinstance(headers, Mapping):
             raise HeaderError("application_headers", f"must be a table, got {type(headers).__name__}")

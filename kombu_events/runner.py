@@ -48,15 +48,18 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
         payload = body if handler.raw else decode(body, content_type, content_encoding, route.accept)
     except DecodeError as exc:
         return decision.Outcome(decision.UNDECODABLE, str(exc), f"{type(exc).__name__}: {exc}")
-    routing_key, attempt, headers, properties = meta or ("", 0, {}, {})
-    event = Event(payload, routing_key, queue, attempt, headers, properties, body)
-    if signals.handler_started.receivers:
-        signals.handler_started.send(sender=handler.fn, event=event)
+    hooks = route.hooks
+    event = None
+    if handler.bind or hooks.on_handling or _pool_signals_connected():
+        routing_key, attempt, headers, properties = meta or ("", 0, {}, {})
+        event = Event(payload, routing_key, queue, attempt, headers, properties, body)
+        if signals.handler_started.receivers:
+            signals.handler_started.send(sender=handler.fn, event=event)
     argument = event if handler.bind else payload
     started = time.perf_counter()
     try:
-        if route.hooks.on_handling:
-            route.hooks.around(event, lambda: handler.fn(argument))
+        if event is not None and hooks.on_handling:
+            hooks.around(event, lambda: handler.fn(argument))
         else:
             handler.fn(argument)
     except Exception as exc:
@@ -70,3 +73,8 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     if signals.handler_succeeded.receivers:
         signals.handler_succeeded.send(sender=handler.fn, event=event, duration_ms=duration_ms)
     return decision.Outcome(decision.OK, duration_ms=duration_ms)
+
+
+def _pool_signals_connected() -> bool:
+    return bool(signals.handler_started.receivers or signals.handler_succeeded.receivers
+                or signals.handler_failed.receivers)
