@@ -21,6 +21,8 @@ pytestmark = pytest.mark.integration
 
 LEVELS = 8
 CLOSED_PORT_URL = "amqp://guest:guest@127.0.0.1:5999//"
+PASSWORD = "s3cr3t-pw"
+UNREACHABLE_URL = f"amqp://user:{PASSWORD}@127.0.0.1:1//"  # a closed port: refused at once
 
 APP = f"""
 FLAG = RECORDS + ".fail"
@@ -342,6 +344,18 @@ def test_publish_errors_are_one_clear_line(make_project):
     unknown = cli(project, "--service", "nosuchservice", "publish", "orders.1.created", "{}", code=1)
     line = one_line(unknown.stderr)
     assert "nosuchservice" in line and project.service in line, line
+
+
+@pytest.mark.parametrize("command", [
+    ["declare"], ["status"], ["archive", "list"], ["archive", "show", "X"], ["archive", "replay"],
+    ["archive", "purge", "--yes"], ["publish", "k", "{}"],
+], ids=" ".join)
+def test_an_unreachable_broker_is_one_line_without_the_password(make_project, command):
+    project = make_project()
+    result = cli(project, "--broker", UNREACHABLE_URL, *command, code=1)
+    line = one_line(result.stderr)
+    assert PASSWORD not in result.stdout + result.stderr, line
+    assert "amqp://user:**@127.0.0.1:1//" in line, line
 
 
 BLOBS = f"""
