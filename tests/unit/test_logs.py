@@ -1,10 +1,12 @@
-"""logs.py: passwords masked in URLs and error texts."""
+"""logs.py: passwords masked in URLs and error texts; the level of each outcome line."""
 from __future__ import annotations
+
+import logging
 
 import pytest
 
 from kombu_events import cli
-from kombu_events.logs import safe_text, safe_url
+from kombu_events.logs import log_outcome, safe_text, safe_url
 
 # (text, every spelling of its password(s), what it reads as once masked): good for safe_url and safe_text.
 MASKED = [
@@ -72,3 +74,19 @@ def test_safe_url_masks_a_password_with_a_space_and_a_list_of_urls():
     assert safe_url("amqp://svc:s3cr3t pw@h//") == "amqp://svc:**@h//"
     assert safe_url(["amqp://a:pw-one@h1//", "amqp://b:pw-two@h2//"]) == "amqp://a:**@h1//;amqp://b:**@h2//"
     assert safe_url(None) == "None"
+
+
+@pytest.mark.parametrize(
+    "outcome, level",
+    [("ack", logging.INFO), ("retry", logging.INFO), ("requeue", logging.WARNING), ("archive", logging.ERROR),
+     ("held", logging.ERROR)],
+)
+def test_each_outcome_is_logged_at_its_level(caplog, outcome, level):
+    caplog.set_level(logging.DEBUG, logger="kombu_events.outcome")
+    log_outcome(outcome, queue="billing.audit", routing_key="orders.3.created", message_id="m-1", attempt=2,
+                duration_ms=5.5, delay_ms=1000, reason="why")
+    [record] = caplog.records
+    assert record.name == "kombu_events.outcome"
+    assert (record.levelno, record.levelname) == (level, logging.getLevelName(level))
+    assert record.getMessage().startswith(f"event outcome={outcome} queue=billing.audit ")
+    assert record.kombu_events["outcome"] == outcome
