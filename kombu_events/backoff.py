@@ -3,6 +3,7 @@ from __future__ import annotations
 
 __all__ = ["Backoff", "Exponential", "Constant"]
 
+import math
 import random
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -13,15 +14,25 @@ from .errors import ConfigurationError
 class Backoff(Protocol):
     """A backoff policy: ``delay_ms(retry=n)`` for the n-th retry (1-based)."""
 
-    max_delay_ms: float
+    # Read-only, so that frozen dataclasses (and properties) satisfy the protocol under mypy.
+    @property
+    def max_delay_ms(self) -> float:
+        """The longest delay the policy ever returns."""
 
     def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Delay before retry ``retry``."""
 
 
-def _check(name: str, value: float, *, minimum: float = 0) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= minimum:  # also NaN
-        raise ConfigurationError(f"backoff {name} must be a number >= {minimum}, got {value!r}")
+def _check(name: str, value: float, *, low: float = 0, high: float = math.inf) -> None:
+    """Raise unless ``value`` is a finite number within ``low .. high``: NaN and inf would make NaN delays."""
+    try:
+        valid = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                 and math.isfinite(value) and low <= value <= high)
+    except OverflowError:  # an int too large for a float
+        valid = False
+    if not valid:
+        bounds = f">= {low:g}" if high == math.inf else f"within {low:g} .. {high:g}"
+        raise ConfigurationError(f"backoff {name} must be a finite number {bounds}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -39,10 +50,9 @@ class Exponential:
 
     def __post_init__(self) -> None:
         _check("base_ms", self.base_ms)
-        _check("factor", self.factor, minimum=1)
+        _check("factor", self.factor, low=1)
         _check("max_delay_ms", self.max_delay_ms)
-        if not isinstance(self.jitter, (int, float)) or isinstance(self.jitter, bool) or not 0 <= self.jitter <= 1:
-            raise ConfigurationError(f"backoff jitter must be within 0 .. 1, got {self.jitter!r}")
+        _check("jitter", self.jitter, high=1)
 
     def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Delay before retry ``retry`` (1-based)."""
@@ -53,7 +63,7 @@ class Exponential:
         except OverflowError:
             raw = float("inf") if self.base_ms else 0.0  # 0 * anything is still no delay
         delay = min(raw, self.max_delay_ms)
-        return delay * (1 - self.jitter * rand())
+        return float(delay * (1 - self.jitter * rand()))
 
 
 @dataclass(frozen=True)
@@ -72,5 +82,5 @@ class Constant:
 
     def delay_ms(self, *, retry: int, rand: Callable[[], float] = random.random) -> float:
         """Always ``every_ms``."""
-        return self.every_ms
+        return float(self.every_ms)
 

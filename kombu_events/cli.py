@@ -17,7 +17,7 @@ from . import registry, wire_guard
 from .config import broker_url
 from .declare import declare as declare_topology
 from .errors import BrokerUnavailableError, KombuEventsError
-from .logs import safe_url
+from .logs import safe_text, safe_url
 from .publisher import Publisher, build_message
 from .status import gather
 
@@ -99,13 +99,6 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise click.ClickException(safe_text(f"{type(exc).__name__}: {exc}")) from exc
 
     return wrapper
-
-
-def safe_text(text: str) -> str:
-    """Mask anything that looks like a password in a broker URL."""
-    import re
-
-    return re.sub(r"(amqps?://[^:/@\s]*:)[^@\s]*@", r"\1**@", text)
 
 
 @click.group()

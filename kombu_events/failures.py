@@ -4,6 +4,7 @@ from __future__ import annotations
 __all__ = ["Retry", "Archive", "Poisoned", "poisonous"]
 
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Iterator
 
 
@@ -19,6 +20,18 @@ class Retry(Exception):
         super().__init__(reason or (f"retry in {delay:g} s" if delay is not None else "retry"))
         self.delay = delay
         self.reason = reason
+
+    @property
+    def delay_ms(self) -> float | None:
+        """``delay`` in milliseconds, converted as the decimal it was written as (None: the backoff's).
+
+        ``16.1 * 1000`` is ``16100.000000000002`` in floats, and the ladder rounds up: a
+        whole unit more than asked. ``repr`` of a float is the shortest decimal that reads
+        back as the same float, so ``16.1`` becomes exactly ``16100.0``.
+        """
+        if self.delay is None:
+            return None
+        return float(Decimal(repr(float(self.delay))) * 1000)
 
 
 class Archive(Exception):

@@ -1,19 +1,36 @@
 """Log helpers: broker URLs with the password masked, one structured line per outcome."""
 from __future__ import annotations
 
-__all__ = ["safe_url", "log_outcome"]
+__all__ = ["safe_url", "safe_text", "log_outcome"]
 
 import logging
+import re
 from typing import Any
-
-from kombu.utils.url import maybe_sanitize_url
 
 logger = logging.getLogger("kombu_events.outcome")
 
+# ``scheme://user:`` then the password up to the last "@" of the URL, so that an unencoded
+# "@", ":" or "/" in it is masked too. kombu separates fail-over URLs with ";": a ";" ends
+# a URL when another ``scheme://`` follows. A regex rather than a URL parser because a
+# parser raises on exactly the malformed URLs whose errors end up in logs.
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.\-]*://"
+_URL_PASSWORD = re.compile(rf"({_SCHEME}[^:@/;]*):(?:[^;]|;(?!{_SCHEME}))*@")
+# In free text a URL also ends at whitespace (a password with a raw space is masked by safe_url only).
+_TEXT_PASSWORD = re.compile(rf"({_SCHEME}[^:@/;\s]*):(?:[^;\s]|;(?!{_SCHEME}))*@")
+
 
 def safe_url(url: Any) -> str:
-    """``url`` with any password replaced by ``**``; safe to log or print."""
-    return maybe_sanitize_url(str(url)) if url else str(url)
+    """``url`` (one URL, ``;``-separated URLs or a list of them) with every password replaced by ``**``.
+
+    The rest stays as given; safe to log or print.
+    """
+    text = ";".join(map(str, url)) if isinstance(url, (list, tuple)) else str(url)
+    return _URL_PASSWORD.sub(r"\1:**@", text)
+
+
+def safe_text(text: str) -> str:
+    """``text`` (say an error message) with the password of every URL in it replaced by ``**``."""
+    return _TEXT_PASSWORD.sub(r"\1:**@", text)
 
 
 _LEVELS = {"ack": logging.INFO, "requeue": logging.WARNING, "retry": logging.INFO, "archive": logging.ERROR, "held": logging.ERROR}

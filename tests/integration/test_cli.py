@@ -21,6 +21,8 @@ pytestmark = pytest.mark.integration
 
 LEVELS = 8
 CLOSED_PORT_URL = "amqp://guest:guest@127.0.0.1:5999//"
+PASSWORD = "s3cr3t-pw"
+UNREACHABLE_URL = f"amqp://user:{PASSWORD}@127.0.0.1:1//"  # a closed port: refused at once
 
 APP = f"""
 FLAG = RECORDS + ".fail"
@@ -225,7 +227,7 @@ def test_archive_list_show_and_dry_run_leave_the_archive_unchanged(make_project)
     flag(project).unlink()  # even a working handler must not see dry-run messages
     dry = cli(project, "archive", "replay", "--dry-run").stdout
     assert all(f"would replay {m}" in dry for m in (o1, o2, u1))
-    time.sleep(0.3)
+    time.sleep(0.3)  # a replayed message would be back at once: replay publishes with no delay
     assert archive_ids(project) == before
     assert len(calls(project)) == handled
     assert depth(project, "orders") == depth(project, "users") == 0
@@ -243,7 +245,7 @@ def test_archive_replay_with_queue_and_limit_replays_exactly_one(make_project):
     replayed = line.split()[1]
     assert replayed in ids[:2] and line.endswith(queue(project, "orders"))
     wait_for(lambda: len(calls(project)) > handled, what="the replayed message handled")
-    time.sleep(0.3)
+    time.sleep(0.3)  # a second replayed message would be back at once: replay publishes with no delay
     assert [(r["message_id"], r["attempt"]) for r in calls(project)[handled:]] == [(replayed, 1)]
     left = archive_ids(project)
     assert sorted(left) == sorted(set(ids) - {replayed})
@@ -262,7 +264,7 @@ def test_archive_round_trip_fix_the_bug_then_replay(make_project):
     result = cli(project, "archive", "replay")
     assert "5 replayed, 0 kept" in result.stderr
     wait_for(lambda: len(calls(project)) >= handled + len(ids), what="every replayed message handled")
-    time.sleep(0.3)
+    time.sleep(0.3)  # a duplicate would be back at once: replay publishes with no delay
     replays = calls(project)[handled:]
     assert sorted(r["message_id"] for r in replays) == sorted(ids)
     for r in replays:
@@ -342,6 +344,18 @@ def test_publish_errors_are_one_clear_line(make_project):
     unknown = cli(project, "--service", "nosuchservice", "publish", "orders.1.created", "{}", code=1)
     line = one_line(unknown.stderr)
     assert "nosuchservice" in line and project.service in line, line
+
+
+@pytest.mark.parametrize("command", [
+    ["declare"], ["status"], ["archive", "list"], ["archive", "show", "X"], ["archive", "replay"],
+    ["archive", "purge", "--yes"], ["publish", "k", "{}"],
+], ids=" ".join)
+def test_an_unreachable_broker_is_one_line_without_the_password(make_project, command):
+    project = make_project()
+    result = cli(project, "--broker", UNREACHABLE_URL, *command, code=1)
+    line = one_line(result.stderr)
+    assert PASSWORD not in result.stdout + result.stderr, line
+    assert "amqp://user:**@127.0.0.1:1//" in line, line
 
 
 BLOBS = f"""

@@ -5,11 +5,12 @@ with a ``kombu-events-reason`` header, an ERROR line is logged, and consuming go
 """
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from .harness import get_messages, node_message as message, queue_depth, wait_for
+from .harness import get_messages, node_message as message, publish_amqp, queue_depth, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -44,13 +45,14 @@ def test_undecodable_and_unaccepted_bodies_are_archived_and_consuming_goes_on(ma
     wait_for(lambda: len(project.records()) >= 5, what="5 handler calls")
     archive = f"{project.service}.archive"
     wait_for(lambda: queue_depth(project.broker_url, archive)[0] >= 3, what="3 archived")
-    time.sleep(0.3)  # nothing more may arrive
+    time.sleep(1.0 + 0.5)  # a retry would come back after the default 1 s backoff, on the default 1 s unit
     assert sorted(r["payload"]["n"] for r in project.records(handler="json")) == [1, 2, 3, 4]
     assert project.records(handler="raw")[0]["type"] == "bytes"
     assert project.records(handler="raw")[0]["body"] == "not json, caf\u00e9"
 
-    archived = {m.properties["message_id"]: m for m in get_messages(project.broker_url, archive)}
-    assert set(archived) == {"bad-json", "pickle", "text"}
+    messages = get_messages(project.broker_url, archive)
+    archived = {m.properties["message_id"]: m for m in messages}
+    assert set(archived) == {"bad-json", "pickle", "text"} and len(messages) == 3
     assert "not valid JSON" in archived["bad-json"].headers["kombu-events-reason"]
     assert "'application/x-python-serialize' is not accepted" in archived["pickle"].headers["kombu-events-reason"]
     assert "'text/plain' is not accepted" in archived["text"].headers["kombu-events-reason"]
@@ -75,6 +77,54 @@ def test_json_content_type_with_parameters_or_another_case_is_json(make_project)
     wait_for(lambda: len(project.records()) >= 2, what="2 handler calls")
     assert sorted(r["payload"]["n"] for r in project.records(handler="json")) == [1, 2]
     assert queue_depth(project.broker_url, f"{project.service}.archive")[0] == 0
+
+
+LATIN = {"name": "Zo\u00eb", "city": "K\u00f6ln", "note": "se\u00f1or \u00bd"}
+WIDE = {"name": "Zo\u00eb", "price": "12 \u20ac", "city": "\u6771\u4eac", "emoji": "\U0001f600"}
+
+
+def publish_json(project, payload, encoding: str, label: str, message_id: str) -> None:
+    """Publish ``payload`` as JSON encoded in ``encoding``, labelled ``content_encoding=label``."""
+    body = json.dumps(payload, ensure_ascii=False).encode(encoding)
+    publish_amqp(project.broker_url, project.exchange, "ct.json", body, message_id=message_id,
+                 content_type="application/json", content_encoding=label)
+
+
+def test_json_in_its_labelled_content_encoding_reaches_the_handler_decoded(make_project):
+    project = make_project(CONTENT_APP)
+    project.worker().wait_ready()
+    sent = [(LATIN, "latin-1", "latin-1"), (WIDE, "utf-16", "utf-16"), (WIDE, "utf-8", "utf-8")]
+    for n, (payload, encoding, label) in enumerate(sent):
+        publish_json(project, {**payload, "n": n}, encoding, label, f"m-{label}")
+
+    wait_for(lambda: len(project.records()) >= len(sent), what=f"{len(sent)} handler calls")
+    got = sorted((r["payload"] for r in project.records(handler="json")), key=lambda p: p["n"])
+    assert got == [{**payload, "n": n} for n, (payload, _, _) in enumerate(sent)]
+    assert queue_depth(project.broker_url, f"{project.service}.archive")[0] == 0
+
+
+@pytest.mark.parametrize("payload, encoding, label", [
+    (LATIN, "latin-1", "utf-8"),
+    pytest.param(WIDE, "utf-16", "utf-8", marks=pytest.mark.xfail(
+        strict=True, reason="codec.decode hands utf-8-labelled bytes to json.loads, which detects UTF-16 by "
+                            "itself: the handler gets the payload (codec.py is being rewritten elsewhere)")),
+], ids=["latin-1 as utf-8", "utf-16 as utf-8"])
+def test_json_in_another_encoding_than_its_label_is_archived_as_undecodable(make_project, payload, encoding,
+                                                                            label):
+    project = make_project(CONTENT_APP)
+    worker = project.worker().wait_ready()
+    publish_json(project, payload, encoding, label, "mislabelled")
+    body = json.dumps(payload, ensure_ascii=False).encode(encoding)
+
+    archive = f"{project.service}.archive"
+    wait_for(lambda: queue_depth(project.broker_url, archive)[0] >= 1 or project.records(),
+             what="the message archived (or handled)")
+    assert project.records() == []
+    [archived] = get_messages(project.broker_url, archive)
+    assert archived.properties["message_id"] == "mislabelled"
+    assert f"not valid JSON in {label}" in archived.headers["kombu-events-reason"]
+    assert archived.body == body and archived.properties["content_encoding"] == label
+    wait_for(lambda: "outcome=archive" in worker.log, timeout=5, what="the archive logged")
 
 
 PICKLE_APP = """

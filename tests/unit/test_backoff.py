@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kombu_events.backoff import Constant, Exponential
+from kombu_events.backoff import Backoff, Constant, Exponential
 from kombu_events.errors import ConfigurationError
 
 PROPS = settings(max_examples=300, deadline=None)
@@ -99,6 +100,15 @@ def test_retry_numbers_start_at_one(retry):
         ({"jitter": 1.5}, "jitter"),
         ({"jitter": float("nan")}, "jitter"),
         ({"jitter": "0.1"}, "jitter"),
+        # non-finite: inf would make 0 * inf = NaN delays, or a cap no ladder can hold
+        ({"base_ms": float("inf")}, "base_ms"),
+        ({"base_ms": 10**400}, "base_ms"),  # an int too large for a float
+        ({"factor": float("inf")}, "factor"),
+        ({"factor": float("-inf")}, "factor"),
+        ({"max_delay_ms": float("inf")}, "max_delay_ms"),
+        ({"max_delay_ms": float("-inf")}, "max_delay_ms"),
+        ({"jitter": float("inf")}, "jitter"),
+        ({"jitter": float("-inf")}, "jitter"),
     ],
 )
 def test_exponential_rejects_invalid_arguments(kwargs, setting):
@@ -106,7 +116,74 @@ def test_exponential_rejects_invalid_arguments(kwargs, setting):
         Exponential(**kwargs)
     message = str(info.value)
     assert setting in message
+    assert repr(kwargs[setting]) in message  # names the bad value
     assert ">=" in message or ".." in message  # says what would be valid
+
+
+@pytest.mark.parametrize(
+    "kwargs, valid",
+    [({"base_ms": float("inf")}, "a finite number >= 0"), ({"factor": float("inf")}, "a finite number >= 1"),
+     ({"max_delay_ms": float("nan")}, "a finite number >= 0"), ({"jitter": 2}, "a finite number within 0 .. 1")],
+)
+def test_the_message_says_what_would_be_valid(kwargs, valid):
+    [(setting, value)] = kwargs.items()
+    with pytest.raises(ConfigurationError, match="^" + re.escape(f"backoff {setting} must be {valid}, got {value!r}")):
+        Exponential(**kwargs)
+
+
+non_finite = st.sampled_from([float("inf"), float("-inf"), float("nan")])
+
+
+@PROPS
+@given(st.sampled_from(["base_ms", "factor", "max_delay_ms", "jitter"]), non_finite)
+def test_no_setting_takes_a_non_finite_value(setting, value):
+    with pytest.raises(ConfigurationError, match=setting):
+        Exponential(**{setting: value})
+
+
+# Every valid value, extremes included: 0, subnormals, up to the largest float.
+any_ms = st.floats(min_value=0, allow_infinity=False)
+any_factor = st.floats(min_value=1, allow_infinity=False)
+any_jitter = st.floats(min_value=0, max_value=1)
+closed_unit_interval = st.floats(min_value=0, max_value=1)
+
+
+def delays_of(policy, retry: int, r: float) -> float:
+    """The policy's delay, checked: a finite float within 0 .. max_delay_ms."""
+    delay = policy.delay_ms(retry=retry, rand=lambda: r)
+    assert isinstance(delay, float) and math.isfinite(delay), delay
+    assert 0 <= delay <= policy.max_delay_ms
+    return delay
+
+
+@PROPS
+@given(any_ms, any_factor, any_ms, any_jitter, retry_st, closed_unit_interval)
+def test_every_valid_exponential_gives_a_finite_delay_within_its_cap(base, factor, cap, jitter, retry, r):
+    delays_of(Exponential(base_ms=base, factor=factor, max_delay_ms=cap, jitter=jitter), retry, r)
+
+
+@PROPS
+@given(any_ms | st.integers(min_value=0, max_value=2**53), retry_st, closed_unit_interval)
+def test_every_valid_constant_gives_a_finite_delay_within_its_cap(every, retry, r):
+    delays_of(Constant(every_ms=every), retry, r)
+
+
+# Hypothesis seldom draws inf on its own: mix it (and NaN) in, half of the time.
+or_non_finite = st.sampled_from([float("inf"), float("-inf"), float("nan")])
+
+
+@PROPS
+@given(any_ms | or_non_finite, any_factor | or_non_finite, any_ms | or_non_finite, any_jitter | or_non_finite,
+       retry_st, closed_unit_interval)
+def test_a_policy_with_a_non_finite_setting_is_refused(base, factor, cap, jitter, retry, r):
+    finite = all(map(math.isfinite, (base, factor, cap, jitter)))
+    try:
+        policy = Exponential(base_ms=base, factor=factor, max_delay_ms=cap, jitter=jitter)
+    except ConfigurationError:
+        assert not finite, "refused a valid policy"
+        return
+    assert finite, "took a non-finite setting"
+    delays_of(policy, retry, r)
 
 
 @PROPS
@@ -116,7 +193,13 @@ def test_constant_is_the_same_before_every_retry(every, retry):
     assert policy.delay_ms(retry=retry) == every == policy.max_delay_ms
 
 
-@pytest.mark.parametrize("every", [-1, "5", None, float("nan")])
+@pytest.mark.parametrize("every", [-1, "5", None, True, float("nan"), float("inf"), 10**400])
 def test_constant_rejects_invalid_delay(every):
     with pytest.raises(ConfigurationError, match="every_ms"):
         Constant(every_ms=every)
+
+
+def test_the_protocol_asks_for_a_read_only_max_delay_ms():
+    """A settable protocol attribute would reject frozen dataclasses under ``mypy --strict``."""
+    assert isinstance(Backoff.__dict__["max_delay_ms"], property)
+    assert "max_delay_ms" not in Backoff.__annotations__

@@ -139,10 +139,19 @@ def test_invalid_env_values_name_the_setting_and_range(variable, setting, raw, v
         assert variable in message and repr(raw) in message
 
 
+class _Unbounded:
+    """A user's own policy with no cap (Exponential refuses an infinite max_delay_ms itself)."""
+
+    max_delay_ms = float("inf")
+
+    def delay_ms(self, *, retry, rand=None):
+        return 1000.0 * 2 ** retry
+
+
 def test_backoff_cap_beyond_the_ladder_raises():
     # 4 levels of 1 s hold at most 15 s
     assert Settings(service="s", delay_levels=4, backoff=Exponential(max_delay_ms=15_000)).max_delay_ms == 15_000
-    for policy in (Exponential(max_delay_ms=15_001), Constant(every_ms=20_000), Exponential(max_delay_ms=float("inf"))):
+    for policy in (Exponential(max_delay_ms=15_001), Constant(every_ms=20_000), _Unbounded()):
         with pytest.raises(ConfigurationError) as info:
             Settings(service="s", delay_levels=4, backoff=policy)
         message = str(info.value)

@@ -1,8 +1,13 @@
 """failures.py: Retry, Archive, Poisoned and poisonous()."""
 from __future__ import annotations
 
-import pytest
+import math
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kombu_events import ladder
 from kombu_events.failures import Archive, Poisoned, Retry, poisonous
 
 
@@ -61,3 +66,37 @@ def test_archive():
     assert Archive().reason == "archived by handler"
     assert Archive("duplicate order").reason == str(Archive("duplicate order")) == "duplicate order"
     assert issubclass(Poisoned, Archive)
+
+
+@pytest.mark.parametrize(
+    "delay, delay_ms",
+    [(None, None), (0, 0.0), (3, 3000.0), (2.5, 2500.0), (16.1, 16100.0), (0.1, 100.0), (0.3, 300.0),
+     (0.001, 1.0), (1.005, 1005.0), (123456789.123, 123456789123.0), (1e-7, 0.0001),
+     (4e-10, 4e-7),  # a positive delay never becomes "no delay"
+     (float("inf"), float("inf"))],
+)
+def test_retry_delay_ms_is_the_decimal_seconds_times_1000(delay, delay_ms):
+    assert Retry(delay).delay_ms == delay_ms
+    assert Retry(delay).delay == delay
+
+
+def test_a_decimal_delay_costs_no_extra_ladder_unit():
+    assert 16.1 * 1000 > 16100  # what a plain float conversion would hand the ladder
+    assert ladder.units_for(delay_ms=16.1 * 1000, unit_ms=100, levels=8) == 162
+    assert ladder.units_for(delay_ms=Retry(16.1).delay_ms, unit_ms=100, levels=8) == 161
+
+
+UNITS_MS = st.sampled_from([1, 3, 7, 10, 100, 250, 1000, 60_000])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(min_value=0, max_value=10**12), st.sampled_from([10, 1000]), UNITS_MS)
+def test_decimal_seconds_round_up_to_exactly_the_units_they_need(k, per_second, unit_ms):
+    """``k / per_second`` seconds is exactly ``k * 1000 / per_second`` ms: never a unit more or less."""
+    exact_ms = k * (1000 // per_second)
+    exact_units = -(-exact_ms // unit_ms)
+    delay_ms = Retry(k / per_second).delay_ms
+    assert delay_ms == exact_ms
+    assert math.ceil(delay_ms / unit_ms) == exact_units
+    levels = max(1, exact_units.bit_length())
+    assert ladder.units_for(delay_ms=delay_ms, unit_ms=unit_ms, levels=levels) == exact_units
