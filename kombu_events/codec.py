@@ -12,7 +12,6 @@ from kombu.serialization import loads, prepare_accept_content
 from .errors import ConfigurationError, DecodeError
 
 JSON = "application/json"
-_UTF8 = ("utf-8", "utf8", "binary")
 
 
 def accept_set(accept: Iterable[str]) -> frozenset[str]:
@@ -37,7 +36,9 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
     content_type = content_type.split(";", 1)[0].strip().lower() or JSON
     if content_type == JSON and JSON in accept:
         try:
-            if content_encoding and content_encoding.lower() not in _UTF8:
+            # Decode by the label first: json.loads(bytes) would guess UTF-16/32 on its own and
+            # take a body labelled utf-8 that is not. "binary" (kombu's word for raw) means no label.
+            if content_encoding and content_encoding.lower() != "binary":
                 return json.loads(body.decode(content_encoding))
             return json.loads(body)
         except Exception as exc:  # ValueError, UnicodeError, LookupError, RecursionError, ...

@@ -131,7 +131,7 @@ def classify(exc: BaseException, *, retry_for: tuple[type[BaseException], ...] =
             return ""
 
     if isinstance(exc, Retry):
-        return Outcome(RETRY, _text(exc, exception), exception, trace() if final else "", _retry_delay_ms(exc),
+        return Outcome(RETRY, _text(exc, exception), exception, trace() if final else "", exc.delay_ms,
                        duration_ms)
     if isinstance(exc, Archive):
         return Outcome(ARCHIVE, _text(exc.reason, exception), exception, trace(), None, duration_ms)
@@ -162,10 +162,3 @@ def _text(value: Any, default: str) -> str:
         return str(value or "") or default
     except Exception:  # user exceptions may break __str__; the message must still settle
         return default
-
-
-def _retry_delay_ms(exc: Retry) -> float | None:
-    delay_ms = getattr(exc, "delay_ms", None)
-    if delay_ms is not None or exc.delay is None:
-        return delay_ms
-    return exc.delay * 1000

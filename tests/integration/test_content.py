@@ -105,9 +105,7 @@ def test_json_in_its_labelled_content_encoding_reaches_the_handler_decoded(make_
 
 @pytest.mark.parametrize("payload, encoding, label", [
     (LATIN, "latin-1", "utf-8"),
-    pytest.param(WIDE, "utf-16", "utf-8", marks=pytest.mark.xfail(
-        strict=True, reason="codec.decode hands utf-8-labelled bytes to json.loads, which detects UTF-16 by "
-                            "itself: the handler gets the payload (codec.py is being rewritten elsewhere)")),
+    (WIDE, "utf-16", "utf-8"),
 ], ids=["latin-1 as utf-8", "utf-16 as utf-8"])
 def test_json_in_another_encoding_than_its_label_is_archived_as_undecodable(make_project, payload, encoding,
                                                                             label):
