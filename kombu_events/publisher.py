@@ -93,7 +93,7 @@ class Publisher:
         """Publish all, then wait for every confirm (pipelined); one error or None per item."""
         with self._lock:
             confirmer = self._ensure()
-            results: list[PublishError | None | bool] = []
+            results: list[PublishError | bool | None] = []
             try:
                 for index, (exchange, routing_key, message) in enumerate(items):
                     results.append(False)
