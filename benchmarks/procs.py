@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_FLAGS = ("--without-mingle", "--without-gossip", "--without-heartbeat", "-l", "WARNING")
@@ -72,12 +73,12 @@ class Consumer:
     """A consumer subprocess (a Celery worker or the raw kombu consumer) with its log and env."""
 
     #: Started and not yet stopped (so an interrupted run can stop them all).
-    running: list["Consumer"] = []
+    running: ClassVar[list[Consumer]] = []
 
     def __init__(self, args: list[str], env: dict[str, str], out: Path, name: str = "consumer") -> None:
         self.out = out
         self.log_path = out / f"{name}.log"
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 -- the worker writes it until stop() closes it
         full_env = dict(os.environ)
         full_env.update(env)
         full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
@@ -89,7 +90,7 @@ class Consumer:
 
     @classmethod
     def celery(cls, module: str, pool: str, concurrency: int, env: dict[str, str], out: Path,
-               *extra: str) -> "Consumer":
+               *extra: str) -> Consumer:
         """``celery -A module worker`` with the benchmark flags."""
         args = ["-m", "celery", "-A", module, "worker", f"--pool={pool}", f"--concurrency={concurrency}",
                 *WORKER_FLAGS, f"--hostname=kebench-{os.getpid()}-{time.monotonic_ns()}@%h", *extra]

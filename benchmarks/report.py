@@ -29,7 +29,8 @@ def _result(row: Row, runs: list[Run]) -> str:
     if failed:
         return f"FAIL ({len(failed)}/{len(runs)}): {failed[0].error}"
     values = [r.value for r in runs]
-    text = f"{_number(median(runs), row.unit)} ({_number(min(values), row.unit)}-{_number(max(values), row.unit)}) {row.unit}"
+    low, high = _number(min(values), row.unit), _number(max(values), row.unit)
+    text = f"{_number(median(runs), row.unit)} ({low}-{high}) {row.unit}"
     if row.unit == "ms":
         p99 = statistics.median(r.extra["p99"] for r in runs)
         text = f"p50 {text}, p99 {p99:.2f} ms"

@@ -1,4 +1,4 @@
-"""The scenarios: each run publishes first, measures one consumer or publisher, checks counts, deletes what it declared."""
+"""The scenarios: each run publishes, measures one consumer or publisher, checks counts, deletes what it declared."""
 from __future__ import annotations
 
 import itertools
@@ -248,7 +248,7 @@ class _Service:
         self.ladder_queues = [q for q in self.all_queues if q.startswith(f"{self.name}.delay.")]
         self.exchanges = [e.name for e in topology.exchanges if e.name != ctx.exchange]
 
-    def __enter__(self) -> "_Service":
+    def __enter__(self) -> _Service:
         broker.declare_events(self.ctx.url, self.events)
         return self
 

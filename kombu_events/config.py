@@ -73,9 +73,11 @@ class Settings:
             raise ConfigurationError(
                 f"backoff must be a backoff policy such as Exponential(...) or Constant(...), got {self.backoff!r}"
             )
-        if self.backoff is None:
-            object.__setattr__(self, "backoff", Exponential(max_delay_ms=min(3_600_000, self.max_delay_ms)))
-        self.check_delay("backoff max_delay_ms", self.backoff.max_delay_ms)
+        backoff = self.backoff
+        if backoff is None:
+            backoff = Exponential(max_delay_ms=min(3_600_000, self.max_delay_ms))
+            object.__setattr__(self, "backoff", backoff)
+        self.check_delay("backoff max_delay_ms", backoff.max_delay_ms)
 
     @property
     def max_queue_bytes(self) -> int:
@@ -167,6 +169,6 @@ def broker_url(app: Any = None, explicit: str | None = None, environ: Mapping[st
     if environ.get("RABBIT_URL"):
         return environ["RABBIT_URL"]
     if app is not None and app.conf.broker_url:
-        return app.conf.broker_url
+        return str(app.conf.broker_url)
     return "amqp://guest:guest@localhost:5672//"
 

@@ -93,7 +93,7 @@ class Publisher:
         """Publish all, then wait for every confirm (pipelined); one error or None per item."""
         with self._lock:
             confirmer = self._ensure()
-            results: list[PublishError | None | bool] = []
+            results: list[PublishError | bool | None] = []
             try:
                 for index, (exchange, routing_key, message) in enumerate(items):
                     results.append(False)
@@ -113,13 +113,15 @@ class Publisher:
             return results  # type: ignore[return-value]
 
     def _wait(self, confirmer: Confirmer) -> None:
+        connection = self._connection
+        assert connection is not None, "_ensure() opened it, under the same lock"
         deadline = time.monotonic() + self.confirm_timeout
         while confirmer.pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PublishError(f"{confirmer.pending} publish(es) not confirmed within {self.confirm_timeout} s")
             try:
-                self._connection.drain_events(timeout=min(remaining, 1.0))
+                connection.drain_events(timeout=min(remaining, 1.0))
             except socket.timeout:
                 continue
 

@@ -30,3 +30,6 @@ def broker_url() -> str:
             pytest.fail(message + " (CI=true: integration tests must not be skipped)")
         pytest.skip(message)
     return BROKER_URL
+
+#: tests/typing is type-checked by mypy (tox -e type), never run.
+collect_ignore = ["typing"]

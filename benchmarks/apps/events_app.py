@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from celery import Celery
 
-from kombu_events import Constant, Events, Retry
 from benchmarks import probe
+from kombu_events import Constant, Events, Retry
 
 #: Delay unit and retry delay of ``fail_once``: short, so the run measures the ladder's
 #: round trip (republish, confirm, ack, dead-letter back) rather than a wait.

@@ -62,7 +62,8 @@ def _delete_topology() -> None:
     say(f"deleted the demo's {len(topology.queues)} queues and {len(topology.exchanges)} exchanges")
 
 
-def _follow(worker: subprocess.Popen, handled: list[str], ready: threading.Event) -> None:
+def _follow(worker: subprocess.Popen[str], handled: list[str], ready: threading.Event) -> None:
+    assert worker.stdout is not None, "the worker is started with stdout=PIPE"
     for line in worker.stdout:
         if " ready." in line:
             ready.set()

@@ -123,7 +123,7 @@ class Project:
         env.pop("RABBIT_URL", None)
         return env
 
-    def worker(self, *args: str, events: bool = True, pool: str = "solo", concurrency: int = 1) -> "Worker":
+    def worker(self, *args: str, events: bool = True, pool: str = "solo", concurrency: int = 1) -> Worker:
         """Start ``celery worker`` for this project (with ``--with-events-step`` unless events=False)."""
         cmd = [sys.executable, "-m", "celery", "-A", self.module, "worker", f"--pool={pool}",
                f"--concurrency={concurrency}", "--without-mingle", "--without-gossip",
@@ -151,7 +151,7 @@ class Worker:
 
     def __init__(self, cmd: list[str], project: Project) -> None:
         self.log_path = project.dir / f"worker-{len(project.workers)}.log"
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 -- the worker writes it until _reap() closes it
         self.proc = subprocess.Popen(cmd, cwd=project.dir, env=project.env(), stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -159,7 +159,7 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float = 30.0) -> "Worker":
+    def wait_ready(self, timeout: float = 30.0) -> Worker:
         """Wait until the worker says it is ready."""
         wait_for(lambda: " ready." in self.log or self.proc.poll() is not None, timeout, what="worker ready")
         if self.proc.poll() is not None:
@@ -316,7 +316,7 @@ def management_queue(broker_url: str, queue: str) -> dict[str, Any]:
     return _management(broker_url, f"queues/{quote(_vhost(broker_url), safe='')}/{quote(queue, safe='')}")
 
 
-def run_cli(project: "Project", *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_cli(project: Project, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run ``kombu-events -A <project module> ARGS`` as a user would, from the project's directory."""
     cli = Path(sys.executable).parent / "kombu-events"
     return subprocess.run([str(cli), "-A", project.module, *args], cwd=project.dir, env=project.env(),

@@ -14,7 +14,15 @@ import pytest
 from kombu import Connection
 
 from .harness import (
-    Project, _names, management_queue, peek_messages, publish_amqp, queue_depth, run_cli, unique, wait_for,
+    Project,
+    _names,
+    management_queue,
+    peek_messages,
+    publish_amqp,
+    queue_depth,
+    run_cli,
+    unique,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
@@ -304,7 +312,7 @@ def test_archive_replay_keeps_messages_whose_queue_is_gone(make_project):
 def test_archive_purge_needs_yes_and_can_select_a_queue(make_project):
     project = make_project()
     project.worker().wait_ready()
-    o1, o2, u1 = fill_archive(project, ["orders.1.created", "orders.2.created", "users.1.joined"])
+    o1, o2, _u1 = fill_archive(project, ["orders.1.created", "orders.2.created", "users.1.joined"])
 
     refused = cli(project, "archive", "purge", code=None)
     assert refused.returncode != 0 and "--yes" in refused.stderr

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 
 from .harness import (
-    Project, management_queue, peek_messages, publish_amqp, queue_depth, unique, wait_for,
+    Project,
+    management_queue,
+    peek_messages,
+    publish_amqp,
+    queue_depth,
+    unique,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration

@@ -302,16 +302,16 @@ BAD_CONFIGS = {
                     ["max_retries", "0 .. 10000", "-1"]),
     "delay_levels": ("events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_levels=40)\n",
                      ["delay_levels", "1 .. 32", "40"]),
-    "backoff": ("events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_unit_ms=100, delay_levels=4,\n"
-                "                backoff=Exponential(max_delay_ms=60000))\n",
+    "backoff": (("events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_unit_ms=100, delay_levels=4,\n"
+                 "                backoff=Exponential(max_delay_ms=60000))\n"),
                 ["max_delay_ms", "1500 ms", "delay_levels"]),
-    "handler_max_retries": ("events = Events(app, service=SERVICE, exchange=EXCHANGE)\n"
-                            "@events.handler('a.b', max_retries=-2, name='h2')\n"
-                            "def h2(payload): pass\n",
+    "handler_max_retries": (("events = Events(app, service=SERVICE, exchange=EXCHANGE)\n"
+                             "@events.handler('a.b', max_retries=-2, name='h2')\n"
+                             "def h2(payload): pass\n"),
                             ["max_retries of handler 'h2'", "0 .. 10000", "-2"]),
-    "queue_wildcard": ("events = Events(app, service=SERVICE, exchange=EXCHANGE)\n"
-                       "@events.handler('a.b', queue=SERVICE + '.bad*queue')\n"
-                       "def h3(payload): pass\n",
+    "queue_wildcard": (("events = Events(app, service=SERVICE, exchange=EXCHANGE)\n"
+                        "@events.handler('a.b', queue=SERVICE + '.bad*queue')\n"
+                        "def h3(payload): pass\n"),
                        ["queue=", "bad*queue", "wildcard"]),
 }
 

@@ -5,8 +5,7 @@ import math
 import re
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kombu_events.backoff import Backoff, Constant, Exponential
 from kombu_events.errors import ConfigurationError

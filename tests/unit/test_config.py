@@ -203,5 +203,5 @@ def test_broker_url_precedence(app, explicit, environ, expected):
 
 
 def test_an_unknown_serializer_name_in_accept_content_fails_at_start_up():
-    with pytest.raises(ConfigurationError, match="accept_content=.*jsonx"):
+    with pytest.raises(ConfigurationError, match=r"accept_content=.*jsonx"):
         Settings(service="billing", accept_content=["jsonx"])

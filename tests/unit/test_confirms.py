@@ -5,8 +5,7 @@ import collections
 
 import pytest
 from amqp import Message, spec
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kombu_events.confirms import NACKED, RETURNED, Confirmer
 

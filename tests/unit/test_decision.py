@@ -2,12 +2,20 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kombu_events.backoff import Constant, Exponential
 from kombu_events.decision import (
-    ARCHIVE, FAILED, LOST, OK, REDELIVERED, RETRY, UNDECODABLE, Decision, Outcome, decide,
+    ARCHIVE,
+    FAILED,
+    LOST,
+    OK,
+    REDELIVERED,
+    RETRY,
+    UNDECODABLE,
+    Decision,
+    Outcome,
+    decide,
 )
 
 BACKOFF = Exponential(base_ms=1000, factor=2, max_delay_ms=60_000)

@@ -114,7 +114,8 @@ def test_bad_max_retries(events, max_retries):
     def handle(payload):
         pass
 
-    with pytest.raises(ConfigurationError, match=r"max_retries of handler 'handle' must be an integer within 0 \.\. 10000"):
+    with pytest.raises(ConfigurationError,
+                       match=r"max_retries of handler 'handle' must be an integer within 0 \.\. 10000"):
         events.handlers
 
 
@@ -123,7 +124,7 @@ def test_backoff_beyond_the_ladder(events):
     def handle(payload):
         pass
 
-    with pytest.raises(ConfigurationError, match="backoff max_delay_ms of handler 'handle'.*at most 15000 ms"):
+    with pytest.raises(ConfigurationError, match=r"backoff max_delay_ms of handler 'handle'.*at most 15000 ms"):
         events.handlers
 
 
@@ -243,5 +244,5 @@ def test_event_decorator_rejects_wildcard_routing_keys(events):
 
 def test_a_misspelt_setting_fails_when_events_is_created():
     app = celery.Celery("typo", broker="memory://")
-    with pytest.raises(ConfigurationError, match="unknown setting.*max_retry.*valid:.*max_retries"):
+    with pytest.raises(ConfigurationError, match=r"unknown setting.*max_retry.*valid:.*max_retries"):
         Events(app, service="billing", max_retry=3)

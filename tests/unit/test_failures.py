@@ -13,17 +13,15 @@ from kombu_events.failures import Archive, Poisoned, Retry, poisonous
 
 @pytest.mark.parametrize("exc", [Retry(3), Retry(), Archive("gone"), Poisoned("already")])
 def test_poisonous_passes_retry_and_archive_through_unchanged(exc):
-    with pytest.raises(type(exc)) as info:
-        with poisonous():
-            raise exc
+    with pytest.raises(type(exc)) as info, poisonous():
+        raise exc
     assert info.value is exc
 
 
 @pytest.mark.parametrize("exc", [ValueError("bad field"), KeyError("order_id"), ZeroDivisionError("x")])
 def test_poisonous_turns_other_failures_into_poisoned(exc):
-    with pytest.raises(Poisoned) as info:
-        with poisonous():
-            raise exc
+    with pytest.raises(Poisoned) as info, poisonous():
+        raise exc
     assert isinstance(info.value, Archive)
     assert info.value.__cause__ is exc
     assert info.value.reason.startswith(f"poisonous section failed: {type(exc).__name__}: ")
@@ -37,9 +35,8 @@ def test_poisonous_without_failure_changes_nothing():
 
 
 def test_poisonous_leaves_base_exceptions_alone():
-    with pytest.raises(KeyboardInterrupt):
-        with poisonous():
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), poisonous():
+        raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize(

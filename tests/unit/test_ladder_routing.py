@@ -9,8 +9,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kombu_events import ladder, names
 from kombu_events.backoff import Exponential
@@ -31,7 +30,7 @@ def topic_matches(pattern: str, key: str) -> bool:
     """RabbitMQ topic matching: ``*`` is exactly one word, ``#`` zero or more words."""
     p, k = pattern.split("."), key.split(".")
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def match(i: int, j: int) -> bool:
         if i == len(p):
             return j == len(k)
@@ -101,13 +100,13 @@ def _handler(queue: str, *keys: str) -> Handler:
                    max_retries=5, backoff=Exponential())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def broker(levels: int) -> FakeBroker:
     settings_ = Settings(service=SERVICE, delay_levels=levels, delay_unit_ms=UNIT_MS)
     return FakeBroker(build_topology(settings_, [_handler(q) for q in QUEUES]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def topology_of(levels: int):
     return build_topology(Settings(service=SERVICE, delay_levels=levels), [])
 
