@@ -4,6 +4,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .backoff import Constant, Exponential
+from .decision import Outcome
+from .delivery import Delivery
 from .errors import (
     BrokerUnavailableError,
     ConfigurationError,
@@ -16,8 +18,6 @@ from .errors import (
     TopologyConflictError,
     UnroutableError,
 )
-from .decision import Outcome
-from .delivery import Delivery
 from .event import Event
 from .events import Events
 from .failures import Archive, Poisoned, Retry, poisonous

@@ -12,6 +12,7 @@ __all__ = ["ArchivedMessage", "read", "replay", "purge", "message_key"]
 import hashlib
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator
 
 from amqp import Message
@@ -129,12 +130,16 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
             address = topology.address(message.queue, 0)
             confirmer.publish(Message(message.body, **properties), address.exchange, address.routing_key,
                               on_ok=_acker(channel, message, replayed),
-                              on_fail=lambda why, m=message: kept.append((m, why)))
+                              on_fail=partial(_keeper, kept, message))
         while confirmer.pending:
             connection.drain_events(timeout=30)
         return replayed, kept
     finally:
         channel.close()
+
+
+def _keeper(kept: list[tuple[ArchivedMessage, str]], message: ArchivedMessage, why: str) -> None:
+    kept.append((message, why))
 
 
 def _acker(channel: Any, message: ArchivedMessage, replayed: list[ArchivedMessage]) -> Callable[[], None]:

@@ -12,8 +12,7 @@ from typing import Any, Callable, Iterator
 import click
 from kombu import Connection
 
-from . import archive as archive_ops
-from . import registry, wire_guard
+from . import archive as archive_ops, registry, wire_guard
 from .config import broker_url
 from .declare import declare as declare_topology
 from .errors import BrokerUnavailableError, KombuEventsError

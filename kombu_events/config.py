@@ -89,6 +89,12 @@ class Settings:
         """Longest delay the ladder can hold."""
         return ladder.max_delay_units(levels=self.delay_levels) * self.delay_unit_ms
 
+    @property
+    def default_backoff(self) -> Backoff:
+        """The service's backoff (``backoff``, always set once the settings are validated)."""
+        assert self.backoff is not None  # __post_init__ sets the default
+        return self.backoff
+
     def check_delay(self, setting: str, delay_ms: float) -> None:
         """Raise ConfigurationError if ``delay_ms`` does not fit the ladder."""
         if delay_ms != float("inf") and delay_ms <= self.max_delay_ms:

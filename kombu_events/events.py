@@ -133,13 +133,14 @@ class Events:
         queue = o["queue"] or names.handler_queue(self.service, name)
         names.validate_name(f"queue of handler {name!r}", queue, max_bytes=s.max_queue_bytes)
         reserved = {names.delivery_exchange(self.service), names.archive_name(self.service)}
-        if queue in reserved or queue.startswith(names.delay_name(self.service, "")):
+        if queue in reserved or queue.startswith(names.delay_prefix(self.service)):
             raise ConfigurationError(f"queue {queue!r} of handler {name!r} collides with the service's own entities")
-        backoff = o["backoff"] or s.backoff
+        backoff: Backoff = o["backoff"] or s.default_backoff
         s.check_delay(f"backoff max_delay_ms of handler {name!r}", backoff.max_delay_ms)
         max_retries = s.max_retries if o["max_retries"] is None else o["max_retries"]
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 10_000:
-            raise ConfigurationError(f"max_retries of handler {name!r} must be an integer within 0 .. 10000, got {max_retries!r}")
+            raise ConfigurationError(
+                f"max_retries of handler {name!r} must be an integer within 0 .. 10000, got {max_retries!r}")
         return Handler(fn=spec.fn, name=name, queue=queue, binding_keys=spec.binding_keys,
                        max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
                        dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"])

@@ -49,7 +49,7 @@ def _is_dead_letter_header(name: object) -> bool:
 
 def _count(headers: Mapping[str, Any], name: str) -> int:
     """A non-negative integer counter header (0 when absent); HeaderError for anything else."""
-    value = headers.get(name)
+    value: object = headers.get(name)
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:

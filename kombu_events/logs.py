@@ -33,7 +33,8 @@ def safe_text(text: str) -> str:
     return _TEXT_PASSWORD.sub(r"\1:**@", text)
 
 
-_LEVELS = {"ack": logging.INFO, "requeue": logging.WARNING, "retry": logging.INFO, "archive": logging.ERROR, "held": logging.ERROR}
+_LEVELS = {"ack": logging.INFO, "requeue": logging.WARNING, "retry": logging.INFO, "archive": logging.ERROR,
+           "held": logging.ERROR}
 
 
 def log_outcome(

@@ -6,6 +6,7 @@ __all__ = [
     "validate_name",
     "handler_queue",
     "delay_name",
+    "delay_prefix",
     "delivery_exchange",
     "archive_name",
 ]
@@ -47,7 +48,12 @@ def handler_queue(service: str, handler_name: str) -> str:
 
 def delay_name(service: str, level: int) -> str:
     """Exchange and queue of one level of the delay ladder: ``<service>.delay.<level>``."""
-    return f"{service}.delay.{level}"
+    return f"{delay_prefix(service)}{level}"
+
+
+def delay_prefix(service: str) -> str:
+    """What the names of every level of the delay ladder start with: ``<service>.delay.``."""
+    return f"{service}.delay."
 
 
 def delivery_exchange(service: str) -> str:

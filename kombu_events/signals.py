@@ -12,29 +12,58 @@ Celery integrations read task attributes from their sender, which a handler has 
 """
 from __future__ import annotations
 
-__all__ = ["handler_started", "handler_succeeded", "handler_failed", "message_settled", "event_published"]
+__all__ = ["TypedSignal", "handler_started", "handler_succeeded", "handler_failed", "message_settled",
+           "event_published"]
+
+from typing import Any, Callable, Protocol, TypeVar, overload
 
 from celery.utils.dispatch import Signal
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class TypedSignal(Protocol):
+    """The part of Celery's ``Signal`` used with these signals, typed for users' type checkers."""
+
+    name: str
+    receivers: list[Any]
+
+    @overload
+    def connect(self, receiver: F) -> F: ...
+
+    @overload
+    def connect(self, *, sender: Any = None, weak: bool = True, dispatch_uid: Any = None) -> Callable[[F], F]: ...
+
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
+        """Connect a receiver: ``@signal.connect`` or ``@signal.connect(sender=handler_function)``."""
+
+    def disconnect(self, receiver: Any = None, sender: Any = None, weak: Any = None,
+                   dispatch_uid: Any = None) -> bool:
+        """Disconnect a receiver."""
+
+    def send(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
+        """Call every connected receiver; one that raises is logged, its exception returned."""
+
 #: Pool side, before a handler runs. sender: the handler function; ``event``: the :class:`~kombu_events.Event`.
-handler_started = Signal(name="handler_started", providing_args={"event"})
+handler_started: TypedSignal = Signal(name="handler_started", providing_args={"event"})
 
 #: Pool side, after a handler returned. Adds ``duration_ms``: the handler's own run time.
-handler_succeeded = Signal(name="handler_succeeded", providing_args={"event", "duration_ms"})
+handler_succeeded: TypedSignal = Signal(name="handler_succeeded", providing_args={"event", "duration_ms"})
 
 #: Pool side, after a handler raised. Adds ``exception`` (the exception object), ``traceback``
 #: (its traceback object) and ``duration_ms``.
-handler_failed = Signal(name="handler_failed", providing_args={"event", "exception", "traceback", "duration_ms"})
+handler_failed: TypedSignal = Signal(name="handler_failed",
+                                     providing_args={"event", "exception", "traceback", "duration_ms"})
 
 #: Main process, once a message is settled. sender: the handler function. Arguments: ``queue``,
 #: ``routing_key``, ``message_id``, ``attempt``, ``action`` (ack, retry, requeue, archive or
 #: held), ``delay_ms`` (retry and requeue), ``reason``, ``handler_duration_ms`` (0 if the handler
 #: did not run), ``outcome`` (the :class:`~kombu_events.decision.Outcome`).
-message_settled = Signal(name="message_settled", providing_args={
+message_settled: TypedSignal = Signal(name="message_settled", providing_args={
     "queue", "routing_key", "message_id", "attempt", "action", "delay_ms", "reason", "handler_duration_ms",
     "outcome"})
 
 #: Where ``events.publish``/``publish_many`` run, once per event. sender: the ``Events``. Arguments:
 #: ``exchange``, ``routing_key``, ``message_id``, ``properties``, ``error`` (None once confirmed).
-event_published = Signal(name="event_published", providing_args={
+event_published: TypedSignal = Signal(name="event_published", providing_args={
     "exchange", "routing_key", "message_id", "properties", "error"})

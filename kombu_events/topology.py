@@ -70,7 +70,7 @@ class Topology:
         """One line per exchange, queue, argument and binding: the ``declare --dry-run`` plan."""
         lines = [f"exchange {e.name} type={e.type} durable={e.durable}" for e in self.exchanges]
         for queue in self.queues:
-            args = " ".join(f"{k}={v}" for k, v in sorted((queue.queue_arguments or {}).items()))
+            args = " ".join(f"{k}={v}" for k, v in sorted((getattr(queue, "queue_arguments", None) or {}).items()))
             lines.append(f"queue {queue.name} durable={queue.durable} {args}".rstrip())
             for b in queue.bindings:
                 lines.append(f"  bind queue {queue.name} <- exchange {b.exchange.name} key={b.routing_key!r}")

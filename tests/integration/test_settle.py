@@ -137,7 +137,7 @@ def test_a_handler_that_kills_a_solo_worker_ends_in_the_archive_after_the_redeli
         assert starts < 6, "the message was not archived after the redelivery cap"
         worker = project.worker()
         starts += 1
-        wait_for(lambda: worker.proc.poll() is not None or queue_depth(project.broker_url, archive)[0] > 0,
+        wait_for(lambda w=worker: w.proc.poll() is not None or queue_depth(project.broker_url, archive)[0] > 0,
                  timeout=30, what="the worker killed by its handler, or the message archived")
         worker.kill()
 

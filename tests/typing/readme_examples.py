@@ -11,17 +11,22 @@ from celery import Celery
 
 from kombu_events import (
     Archive,
+    Delivery,
     BrokerUnavailableError,
     Constant,
     Event,
     Events,
     Exponential,
     KombuEventsError,
+    Middleware,
+    Outcome,
     PublishError,
     Retry,
     UnroutableError,
     poisonous,
+    signals,
 )
+from kombu_events.plan import Step
 
 
 def charge(order_id: int) -> None: ...
@@ -121,3 +126,21 @@ def publish_examples() -> list[str]:
 
 if __name__ == "__main__":
     events.publish("billing.invoice.paid", {"id": 7})
+
+
+# -- Extending: middleware and signals ------------------------------------------------------------
+
+class CountOutcomes(Middleware):
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def settled(self, delivery: Delivery, outcome: Outcome, step: Step) -> None:  # main process, per message
+        self.counts[step.action] = self.counts.get(step.action, 0) + 1
+
+
+extended = Events(app, service="billing-extended", middleware=[CountOutcomes()])
+
+
+@signals.handler_failed.connect                      # in the pool process that ran the handler
+def report(sender: Any, event: Event, exception: Exception, **kwargs: Any) -> None:
+    print(f"{sender.__name__} failed on {event.routing_key}: {exception!r}")

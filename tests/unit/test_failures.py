@@ -4,8 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from kombu_events import ladder
 from kombu_events.failures import Archive, Poisoned, Retry, poisonous
