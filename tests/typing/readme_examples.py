@@ -11,9 +11,9 @@ from celery import Celery
 
 from kombu_events import (
     Archive,
-    Delivery,
     BrokerUnavailableError,
     Constant,
+    Delivery,
     Event,
     Events,
     Exponential,
