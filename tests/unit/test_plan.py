@@ -256,6 +256,18 @@ def test_text_py_amqp_decoded_with_surrogatepass_still_gets_a_plan(where):
     assert isinstance(step, Republish)
 
 
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="Delivery.headers returns application_headers that are not a table; "
+                          "headers._kept then calls .items() on it")
+@pytest.mark.parametrize("headers", [[1, 2], "x-request-id=r1", 7, b"\x00"])
+def test_a_delivery_whose_headers_are_not_a_table_is_archived(headers):
+    delivery = read_delivery(QUEUE, b"{}", {"application_headers": headers}, {"routing_key": EVENT_KEY})
+    assert delivery.unreadable.startswith("unreadable header 'application_headers'")
+    step = _plan(delivery, Outcome(UNDECODABLE, delivery.unreadable))
+    assert _summary(step) == (Republish, "archive", "billing.archive", EVENT_KEY, 0)
+    assert [s.action for s in _chain(step)] == ["archive", "archive", "held"]
+
+
 # -- when the broker refuses a copy --------------------------------------------------------------
 
 def _chain(step: Step, why: str = NACKED) -> list[Step]:
