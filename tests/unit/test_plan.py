@@ -268,6 +268,28 @@ def test_a_delivery_whose_headers_are_not_a_table_is_archived(headers):
     assert [s.action for s in _chain(step)] == ["archive", "archive", "held"]
 
 
+RETRIED = {name: case for name, case in REPUBLISHED.items() if case[3][1] != "archive"}
+
+
+@pytest.mark.parametrize("attempts, redeliveries, outcome, expected, reason", RETRIED.values(), ids=RETRIED.keys())
+def test_the_copy_reads_back_as_the_next_delivery(attempts, redeliveries, outcome, expected, reason):
+    delivery = _delivery(attempts=attempts, redeliveries=redeliveries)
+    step = _plan(delivery, outcome)
+    back = read_delivery(QUEUE, delivery.body, step.properties, {"routing_key": step.routing_key})
+    assert (back.unreadable, back.routing_key, back.attempt, back.redeliveries) == (
+        "", EVENT_KEY, delivery.attempt + (step.action == "retry"), redeliveries + (outcome.kind == REDELIVERED))
+
+
+@pytest.mark.xfail(strict=True, reason="headers.original_routing_key refuses the empty kombu-events-routing-key "
+                                       "that retry_headers writes for an event published with routing key ''")
+@pytest.mark.parametrize("outcome", [BOOM, Outcome(DEFERRED)], ids=["retry", "requeue"])
+def test_an_event_with_an_empty_routing_key_comes_back_readable(outcome):
+    delivery = read_delivery(QUEUE, b"{}", {}, {"routing_key": ""})  # a '#' binding matches the empty key
+    step = _plan(delivery, outcome)
+    back = read_delivery(QUEUE, b"{}", step.properties, {"routing_key": step.routing_key})
+    assert (back.unreadable, back.routing_key) == ("", "")
+
+
 # -- when the broker refuses a copy --------------------------------------------------------------
 
 def _chain(step: Step, why: str = NACKED) -> list[Step]:
