@@ -241,8 +241,9 @@ def test_invalid_utf8_routing_key_is_archived_under_its_original_bytes():
     assert stripped.routing_key == b"orders.\xff"
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError, reason="headers.as_sent raises UnicodeEncodeError on a lone surrogate outside "
-                                       "U+DC80..U+DCFF, which py-amqp's strict surrogatepass decoder produces")
+@pytest.mark.xfail(strict=True, raises=UnicodeEncodeError,
+                   reason="headers.as_sent raises UnicodeEncodeError on a lone surrogate outside U+DC80..U+DCFF, "
+                          "which py-amqp's strict surrogatepass decoder produces")
 @pytest.mark.parametrize("where", ["routing key header", "message_id", "delivered routing key"])
 def test_text_py_amqp_decoded_with_surrogatepass_still_gets_a_plan(where):
     # b"\xed\xa0\x80" is how CESU-8 / Java's modified UTF-8 send a surrogate; py-amqp decodes it, without
