@@ -105,7 +105,7 @@ def decide(
 
 def _delayed(action: str, delay: float, max_delay_ms: float, reason: str) -> Decision:
     if delay > max_delay_ms:
-        return Decision("archive", reason=f"{action} delay {delay:g} ms exceeds the ladder's {max_delay_ms:g} ms")
+        return Decision("archive", reason=f"{action} delay {delay!r} ms exceeds the ladder's {max_delay_ms:g} ms")
     if not delay >= 0:  # negative or NaN, e.g. from a custom Backoff: the ladder cannot express it
         return Decision("archive", reason=f"{action} delay {delay!r} ms is not within 0 .. {max_delay_ms:g} ms")
     return Decision(action, delay_ms=delay, reason=reason)

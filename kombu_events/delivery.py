@@ -69,31 +69,22 @@ def read_delivery(
     if not isinstance(properties, Mapping):
         return Delivery(queue, routing_key, body, {}, redelivered=redelivered, received=received,
                         unreadable=f"message properties are not a table: {type(properties).__name__}")
-    unreadable = properties.get(UNREADABLE) or _not_utf8(routing_key)
-    if unreadable:
-        return Delivery(queue, routing_key, body, properties, redelivered=redelivered, unreadable=str(unreadable),
-                        received=received)
+    unreadable = str(properties.get(UNREADABLE) or "") or _not_utf8(routing_key)
     headers = properties.get("application_headers")
     if not headers:  # the common case: a message straight from a publisher that sets no headers
-        return Delivery(queue, routing_key, body, properties, 1, 0, redelivered, "", received)
+        return Delivery(queue, routing_key, body, properties, 1, 0, redelivered, unreadable, received)
     try:
-        if headers is not None and not isinstance(headers, Mapping):
+        if not isinstance(headers, Mapping):
             raise HeaderError("application_headers", f"must be a table, got {type(headers).__name__}")
         attempt = wire.attempt_of(headers, queue)
         redeliveries = wire.redeliveries_of(headers)
         routing_key = wire.original_routing_key(headers, routing_key, queue)
     except HeaderError as exc:
         return Delivery(queue, routing_key, body, properties, redelivered=redelivered, received=received,
-                        unreadable=f"unreadable {exc}")
-    return Delivery(queue, routing_key, body, properties, attempt, redeliveries, redelivered, "", received)
+                        unreadable=unreadable or f"unreadable {exc}")
+    return Delivery(queue, routing_key, body, properties, attempt, redeliveries, redelivered, unreadable, received)
 
 
 def _not_utf8(routing_key: str) -> str:
     """Why ``routing_key`` cannot be used as text ('' if it can)."""
-    if routing_key.isascii():
-        return ""
-    try:
-        routing_key.encode("utf-8")
-    except UnicodeEncodeError:
-        return "routing key is not valid UTF-8"
-    return ""
+    return "routing key is not valid UTF-8" if isinstance(routing_key, wire.Undecoded) else ""

@@ -15,7 +15,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0):
+        if delay is not None and not _seconds(delay):
             raise ValueError(f"Retry(delay=...) takes seconds >= 0 or None, got {delay!r}")
         super().__init__(reason or (f"retry in {delay:g} s" if delay is not None else "retry"))
         self.delay = delay
@@ -32,6 +32,16 @@ class Retry(Exception):
         if self.delay is None:
             return None
         return float(Decimal(repr(float(self.delay))) * 1000)
+
+
+def _seconds(delay: object) -> bool:
+    """A number of seconds >= 0 that a float can hold (inf included: the ladder refuses it later)."""
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        return False
+    try:
+        return float(delay) >= 0  # also False for NaN
+    except OverflowError:
+        return False
 
 
 class Archive(Exception):

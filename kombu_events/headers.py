@@ -11,7 +11,7 @@ __all__ = [
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
-    "DROPPED_HEADERS", "as_sent",
+    "DROPPED_HEADERS", "as_sent", "Undecoded",
 ]
 
 from datetime import datetime, timezone
@@ -100,8 +100,8 @@ def original_routing_key(headers: Mapping[str, Any] | None, routing_key: str, qu
         return routing_key
     if ROUTING_KEY in headers:
         value = headers[ROUTING_KEY]
-        if not isinstance(value, str) or not value:
-            raise HeaderError(ROUTING_KEY, f"must be a non-empty string, got {_show(value)}")
+        if not isinstance(value, str):
+            raise HeaderError(ROUTING_KEY, f"must be a string, got {_show(value)}")
         return value
     for death in _deaths(headers, queue):
         keys = death.get("routing-keys")
@@ -208,16 +208,29 @@ def republish_properties(
         del new["user_id"]
     expiration = properties.get("expiration")
     if expiration is not None:
-        headers[EXPIRATION] = as_sent(str(expiration))
+        headers[EXPIRATION] = as_sent(expiration if isinstance(expiration, str) else str(expiration))
     new["application_headers"] = headers
     return new
 
 
-def as_sent(value: Any) -> Any:
-    """``value``, or its original bytes if it is a str decoded leniently from invalid UTF-8."""
-    if isinstance(value, str) and not value.isascii():
+class Undecoded(str):
+    """Text decoded from bytes that are not UTF-8, with surrogate escapes (see :mod:`kombu_events.wire_guard`)."""
+
+    @classmethod
+    def of(cls, raw: bytes) -> str:
+        """``raw`` as text: a plain str when it is UTF-8 (as py-amqp reads it), else Undecoded."""
         try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "surrogateescape")
+            return raw.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return cls(raw.decode("utf-8", "surrogateescape"))
+
+
+def as_sent(value: Any) -> Any:
+    """``value``, or its original bytes if it is :class:`Undecoded` text.
+
+    Any other str goes back as py-amqp reads and writes it (``surrogatepass``), so
+    it too is sent as the bytes that arrived.
+    """
+    if isinstance(value, Undecoded):
+        return value.encode("utf-8", "surrogateescape")
     return value

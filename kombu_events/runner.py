@@ -10,7 +10,8 @@ __all__ = ["run"]
 
 import logging
 import time
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from . import decision, registry, signals
 from .codec import decode
@@ -58,8 +59,8 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     argument = event if handler.bind else payload
     started = time.perf_counter()
     try:
-        if event is not None and hooks.on_handling:
-            hooks.around(event, lambda: handler.fn(argument))
+        if event is not None and hooks.on_handling:  # time the handler, not the middleware around it
+            started = hooks.around(event, partial(_timed, handler.fn, argument))
         else:
             handler.fn(argument)
     except Exception as exc:
@@ -73,6 +74,13 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     if signals.handler_succeeded.receivers:
         signals.handler_succeeded.send(sender=handler.fn, event=event, duration_ms=duration_ms)
     return decision.Outcome(decision.OK, duration_ms=duration_ms)
+
+
+def _timed(fn: Callable[[Any], Any], argument: Any) -> float:
+    """Call ``fn(argument)``; return when it started."""
+    started = time.perf_counter()
+    fn(argument)
+    return started
 
 
 def _pool_signals_connected() -> bool:

@@ -26,7 +26,7 @@ import amqp.serialization
 from amqp.spec import Basic
 
 from .delivery import UNREADABLE
-from .headers import UNREADABLE_HEADERS
+from .headers import UNREADABLE_HEADERS, Undecoded
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +77,9 @@ def decode_properties_leniently(buf: Any, offset: int) -> tuple[dict[str, Any], 
             continue
         if kind == "s":
             size = buf[offset]
-            raw = bytes(buf[offset + 1:offset + 1 + size])
+            properties[name] = text = Undecoded.of(bytes(buf[offset + 1:offset + 1 + size]))
             offset += 1 + size
-            properties[name] = raw.decode("utf-8", "surrogateescape")
-            if not _is_utf8(raw):
+            if isinstance(text, Undecoded):
                 problems.append(f"property {name} is not valid UTF-8")
         elif kind == "F":
             size, = unpack_from(">I", buf, offset)
@@ -102,25 +101,21 @@ def decode_properties_leniently(buf: Any, offset: int) -> tuple[dict[str, Any], 
     return properties, offset
 
 
-def _is_utf8(raw: bytes) -> bool:
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
 def _failing_key(buf: Any, offset: int, end: int) -> str:
     """``'name' `` of the first header whose value py-amqp cannot decode ('' if none is found)."""
     read_item = getattr(amqp.serialization, "_read_item", None)
     try:
         while offset < end and read_item is not None:
             size = buf[offset]
+            if offset + 1 + size >= end:
+                return ""  # the table is not even framed: there is no header to name
             key = bytes(buf[offset + 1:offset + 1 + size]).decode("utf-8", "replace")
             try:
                 _value, offset = read_item(buf, offset + 1 + size)
             except Exception:
                 return f"{key!r} "
+            if offset > end:
+                return ""
     except Exception:  # a table whose very framing is broken: name nothing
         return ""
     return ""
@@ -136,4 +131,4 @@ class _LenientBytes(bytes):
 
 class _LenientSlice(bytes):
     def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return bytes.decode(self, encoding, "surrogateescape")
+        return Undecoded.of(bytes(self))

@@ -92,7 +92,6 @@ def test_original_routing_key(headers, expected):
     "headers, named",
     [
         ({wire.ROUTING_KEY: b"orders.1"}, wire.ROUTING_KEY),
-        ({wire.ROUTING_KEY: ""}, wire.ROUTING_KEY),
         ({wire.ROUTING_KEY: 7}, wire.ROUTING_KEY),
         ({"x-death": [death(keys=[b"orders.1"])]}, "x-death"),
         ({"x-death": [{"queue": QUEUE, "reason": "rejected", "routing-keys": "orders.1"}]}, "x-death"),

@@ -189,8 +189,6 @@ def test_duration_is_the_handlers_run_time(receive, fn):
     assert arguments["duration_ms"] == outcome.duration_ms
 
 
-@pytest.mark.xfail(strict=True, reason="runner._run starts the clock before hooks.around: a slow handling() "
-                                       "context counts as the handler's own run time")
 def test_duration_leaves_out_the_middlewares_time():
     class Slow(Middleware):
         @contextmanager
