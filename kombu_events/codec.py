@@ -1,11 +1,12 @@
 """Decoding of message bodies by content type, with an accept list (pickle only if asked)."""
 from __future__ import annotations
 
-__all__ = ["accept_set", "decode", "JSON"]
+__all__ = ["accept_set", "decode", "decompress", "JSON"]
 
 import json
 from typing import Any, Iterable
 
+from kombu import compression as kombu_compression
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads, prepare_accept_content
 
@@ -61,3 +62,11 @@ def _bytes(body: str, content_encoding: str | None) -> bytes:
         return body.encode(content_encoding or "utf-8")
     except Exception as exc:  # LookupError, UnicodeEncodeError
         raise DecodeError(f"body arrived as text that does not encode as {content_encoding!r}: {exc}") from exc
+
+
+def decompress(body: bytes, compression: Any) -> bytes:
+    """``body`` inflated as its ``compression`` header says (kombu's names); DecodeError otherwise."""
+    try:
+        return bytes(kombu_compression.decompress(body, compression))
+    except Exception as exc:  # unknown method (KeyError), not compressed data (zlib.error), not a name
+        raise DecodeError(f"body does not decompress as {compression!r}: {type(exc).__name__}: {exc}") from exc

@@ -64,13 +64,14 @@ class ServiceConsumer:
         self._loop_ident = threading.get_ident()
         channel = connection.channel()
         channel.auto_decode = False  # handlers get the body bytes as published, never a str
+        channel.message_to_python = partial(_as_published, channel)
         channel.basic_qos(0, self.settings.prefetch_count, False)
         publish_channel = connection.channel()
         self._confirmer = Confirmer(publish_channel, check_frame_size=True)
         self._channels = [channel, publish_channel]
         self._consumers = [
             Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False, auto_declare=False,
-                     on_message=partial(self._on_message, r))
+                     on_message=partial(self._on_message, r), on_decode_error=partial(self._on_decode_error, r))
             for r in self.routes
         ]
         if hub is None:
@@ -137,6 +138,11 @@ class ServiceConsumer:
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
                              getattr(message, "properties", {}).get("message_id"), route.handler.queue)
 
+    def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
+        """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
+        logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
+        self._on_message(route, message)
+
     def _receive(self, route: Route, message: Any) -> None:
         handler = route.handler
         delivery = read_delivery(handler.queue, message.body, message.properties, message.delivery_info,
@@ -156,10 +162,15 @@ class ServiceConsumer:
             return
         meta = (delivery.routing_key, delivery.attempt, delivery.headers, delivery.properties)
         done = partial(self._post, route, delivery, message)
-        self._pool.apply_async(runner.run, (handler.queue, delivery.body, delivery.content_type,
-                                            delivery.content_encoding, meta,
-                                            decision.is_final(delivery.attempt, handler.max_retries)),
-                               callback=done, error_callback=done)
+        try:
+            self._pool.apply_async(runner.run, (handler.queue, delivery.body, delivery.content_type,
+                                                delivery.content_encoding, meta,
+                                                decision.is_final(delivery.attempt, handler.max_retries)),
+                                   callback=done, error_callback=done)
+        except Exception as exc:  # e.g. headers nested too deep to pickle for a prefork child
+            what = decision.describe(exc)
+            self._settle(route, delivery, message,
+                         decision.Outcome(decision.UNDECODABLE, f"cannot be handed to the pool: {what}", what))
 
     def _post(self, *item: Any) -> None:
         """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
@@ -233,6 +244,25 @@ class ServiceConsumer:
                 outcome=outcome)
         if self.hooks.on_settled:
             self.hooks.settled(delivery, outcome, step)
+
+
+def _as_published(channel: Any, raw: Any) -> Any:
+    """kombu's message for ``raw``, without kombu's own decompression: the body stays as published.
+
+    kombu inflates a body whose ``compression`` header it knows, and raises from inside
+    its consumer for one it does not; an event keeps its bytes (a retry republishes
+    exactly what arrived), and the runner decompresses for the handler.
+    """
+    headers = raw.properties.get("application_headers")
+    if not isinstance(headers, dict) or headers.get("compression") is None:
+        return channel.Message(raw, channel=channel)
+    items = list(headers.items())
+    del headers["compression"]  # hidden from kombu while it builds its message, then put back in place
+    try:
+        return channel.Message(raw, channel=channel)
+    finally:
+        headers.clear()
+        headers.update(items)
 
 
 def _quietly(fn: Any, *args: Any) -> bool:

@@ -38,6 +38,9 @@ DROPPED_HEADERS = PREFIX + "dropped-headers"  # why an archived copy lost the pu
 _PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",
                "message_id", "timestamp", "type", "user_id", "app_id", "cluster_id")
 
+#: Largest attempt or redelivery count read from a header (a signed 32-bit field; max_retries is far lower).
+MAX_COUNT = 2**31 - 1
+
 _FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEPTION, TRACEBACK, ARCHIVED_AT,
                     REDELIVERIES)
 _ERROR_LIMIT = 500
@@ -52,8 +55,8 @@ def _count(headers: Mapping[str, Any], name: str) -> int:
     value: object = headers.get(name)
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise HeaderError(name, f"must be an integer >= 0, got {_show(value)}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise HeaderError(name, f"must be an integer within 0 .. {MAX_COUNT}, got {_show(value)}")
     return value
 
 
@@ -76,8 +79,9 @@ def rejected_count(headers: Mapping[str, Any], queue: str) -> int:
         if death.get("reason") != "rejected":
             continue
         count = death.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise HeaderError("x-death", f"count of queue {queue!r} must be an integer >= 0, got {_show(count)}")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_COUNT:
+            raise HeaderError("x-death", f"count of queue {queue!r} must be an integer within 0 .. {MAX_COUNT}, "
+                                         f"got {_show(count)}")
         total += count
     return total
 
@@ -100,8 +104,8 @@ def original_routing_key(headers: Mapping[str, Any] | None, routing_key: str, qu
         return routing_key
     if ROUTING_KEY in headers:
         value = headers[ROUTING_KEY]
-        if not isinstance(value, str):
-            raise HeaderError(ROUTING_KEY, f"must be a string, got {_show(value)}")
+        if not isinstance(value, str) or len(value.encode("utf-8", "surrogatepass")) > 255:
+            raise HeaderError(ROUTING_KEY, f"must be a routing key (a string of at most 255 bytes), got {_show(value)}")
         return value
     for death in _deaths(headers, queue):
         keys = death.get("routing-keys")

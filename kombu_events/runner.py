@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any, Callable
 
 from . import decision, registry, signals
-from .codec import decode
+from .codec import decode, decompress
 from .errors import DecodeError
 from .event import Event
 from .registry import Route
@@ -46,6 +46,9 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
          meta: Meta | None, final: bool) -> decision.Outcome:
     handler = route.handler
     try:
+        compression = meta[2].get("compression") if meta else None
+        if compression is not None:
+            body = decompress(body, compression)
         payload = body if handler.raw else decode(body, content_type, content_encoding, route.accept)
     except DecodeError as exc:
         return decision.Outcome(decision.UNDECODABLE, str(exc), f"{type(exc).__name__}: {exc}")
