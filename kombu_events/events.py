@@ -145,10 +145,6 @@ class Events:
                        max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
                        dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"])
 
-    def handler_for(self, queue: str) -> Handler | None:
-        """The handler consuming ``queue``, if this service has one."""
-        return next((h for h in self.handlers if h.queue == queue), None)
-
     def routes(self) -> list[Route]:
         """What the process running each handler needs: handler, accepted types, middleware."""
         accept, limit = self.accept, self.settings.traceback_limit
