@@ -2,7 +2,8 @@
 
 The arguments cross the prefork pipe, so they are plain values, and the handler's
 route is found by queue name in this process's registry (resolved before the pool
-forked). :func:`run` never raises: every ending becomes an Outcome.
+forked). :func:`run` raises no ``Exception``: every ending becomes an Outcome (a handler
+that raises ``SystemExit`` or ``KeyboardInterrupt`` ends its process, as in a Celery task).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ Meta = tuple[str, int, dict[str, Any], dict[str, Any]]
 
 def run(queue: str, body: bytes, content_type: str | None, content_encoding: str | None,
         meta: Meta | None = None, final: bool = True) -> decision.Outcome:
-    """Decode and handle one message; never raises.
+    """Decode and handle one message; raises no ``Exception``.
 
     ``meta`` = (routing_key, attempt, headers, properties) of the delivery; ``final``:
     no retry is left, so a failure needs its traceback for the archive.
