@@ -65,8 +65,7 @@ def test_handler_registration_and_default_queue_names(events):
     assert (second.max_retries, second.bind) == (2, True)
     assert (third.name, third.queue, third.raw, third.backoff) == (
         "second_audit", "billing.second_audit", True, Constant(every_ms=500))
-    assert events.handler_for("billing.audit-log") is second
-    assert events.handler_for("billing.nobody") is None
+    assert [(r.handler, r.hooks) for r in events.routes()] == [(h, events.hooks) for h in (first, second, third)]
     assert [q.name for q in events.topology().handler_queues] == [
         "billing.on_order_created", "billing.audit-log", "billing.second_audit"]
 
