@@ -201,4 +201,4 @@ def test_constant_rejects_invalid_delay(every):
 def test_the_protocol_asks_for_a_read_only_max_delay_ms():
     """A settable protocol attribute would reject frozen dataclasses under ``mypy --strict``."""
     assert isinstance(Backoff.__dict__["max_delay_ms"], property)
-    assert "max_delay_ms" not in Backoff.__annotations__
+    assert "max_delay_ms" not in getattr(Backoff, "__annotations__", {})
