@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+from kombu_events.demo import broker
+
 ORDERS = 5
 EXPECTED = ORDERS * 2  # each order reaches on_order_created and audit
 _print_lock = threading.Lock()
@@ -20,7 +22,11 @@ def say(text: str) -> None:
 
 
 def main() -> int:
-    """Start a worker, publish ``ORDERS`` events, wait until all are handled, stop the worker."""
+    """Check the broker, start a worker, publish ``ORDERS`` events, wait until all are handled, stop the worker."""
+    from kombu_events.demo.app import events
+
+    if not broker.ready(events.broker_url, say):
+        return 1  # it said what to do, in one line
     command = [sys.executable, "-m", "celery", "-A", "kombu_events.demo.app", "worker", "--with-events-step",
                "--pool=prefork", "--concurrency=2", "--loglevel=INFO", "--without-mingle",
                "--without-gossip", "--without-heartbeat", "--hostname=demo@%h"]
