@@ -263,6 +263,41 @@ def publish(obj: Context, routing_key: str, payload: str, exchange: str | None) 
     click.echo(message.properties["message_id"])
 
 
+def _examples(command: click.Command, *lines: str) -> None:
+    """End ``command``'s help with an Examples block of ``lines`` (``\\b``: click prints it as written)."""
+    command.epilog = "\b\nExamples:\n" + "\n".join("  " + line for line in lines)
+
+
+# One table for every command, so that a command's options and its examples change together here.
+_examples(cli,
+          "kombu-events -A proj.events declare --dry-run   # the topology, without connecting",
+          "kombu-events -A proj.events status              # queue depths, delay levels, archive",
+          "kombu-events -A proj.events archive list        # what failed, and why",
+          "kombu-events publish orders.7.created '{\"order_id\": 7}'")
+_examples(declare,
+          "kombu-events -A proj.events declare --dry-run   # print every exchange, queue and binding",
+          "kombu-events -A proj.events declare             # create them on the broker")
+_examples(status,
+          "kombu-events -A proj.events status",
+          "kombu-events -A proj.events status --json --max-archive 0   # exit 2 if anything is archived")
+_examples(archive,
+          "kombu-events -A proj.events archive list --queue billing.audit",
+          "kombu-events -A proj.events archive replay --queue billing.audit --dry-run")
+_examples(archive_list,
+          "kombu-events -A proj.events archive list",
+          "kombu-events -A proj.events archive list --routing-key orders.7.created --json")
+_examples(archive_show,
+          "kombu-events -A proj.events archive show 4fbcc4187f8e49a687d3721b2007dc15")
+_examples(archive_replay,
+          "kombu-events -A proj.events archive replay --queue billing.audit --dry-run   # what would go back",
+          "kombu-events -A proj.events archive replay --queue billing.audit --limit 100")
+_examples(archive_purge,
+          "kombu-events -A proj.events archive purge --queue billing.audit --yes")
+_examples(publish,
+          "kombu-events publish orders.7.created '{\"order_id\": 7}'              # to 'events' on RABBIT_URL",
+          "kombu-events -A proj.events publish billing.invoice.paid '{\"id\": 7}'  # to the service's exchange")
+
+
 def main() -> None:
     """Console-script entry point."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
