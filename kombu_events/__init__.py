@@ -1,7 +1,7 @@
 """kombu-events: consume AMQP events in a Celery worker, with broker-side retries and an archive."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .backoff import Constant, Exponential
 from .decision import Outcome
