@@ -10,6 +10,7 @@ from kombu import Exchange, Queue, binding
 
 from . import ladder, names
 from .config import Settings
+from .dot import to_dot as render_dot
 from .handlers import Handler
 
 
@@ -79,6 +80,10 @@ class Topology:
                 f"bind exchange {eb.destination.name} <- exchange {eb.source.name} key={eb.routing_key!r}"
             )
         return lines
+
+    def to_dot(self) -> str:
+        """The topology as a Graphviz ``dot`` graph: the ``declare --dry-run --format dot`` output."""
+        return render_dot(self)
 
 
 def _queue_args(settings: Settings, *, dead_letters: bool) -> dict[str, object]:
