@@ -19,7 +19,7 @@ def to_dot(topology: Topology) -> str:
     committed or compared.
     """
     lines = [f"digraph {_quote(topology.settings.service)} {{",
-             "  rankdir=LR;",
+             "  rankdir=TB;",
              '  node [fontname="Helvetica", fontsize=10];',
              '  edge [fontname="Helvetica", fontsize=9];']
     for exchange in topology.exchanges:
