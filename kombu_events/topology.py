@@ -73,7 +73,8 @@ class Topology:
         for queue in self.queues:
             args = " ".join(f"{k}={v}" for k, v in sorted((getattr(queue, "queue_arguments", None) or {}).items()))
             lines.append(f"queue {queue.name} durable={queue.durable} {args}".rstrip())
-            for b in queue.bindings:
+            # kombu keeps bindings in a set: sorted, the plan reads (and diffs) the same every run.
+            for b in sorted(queue.bindings, key=lambda b: (b.exchange.name, b.routing_key or "")):
                 lines.append(f"  bind queue {queue.name} <- exchange {b.exchange.name} key={b.routing_key!r}")
         for eb in self.exchange_bindings:
             lines.append(
