@@ -46,7 +46,8 @@ graphviz_output_format = "svg"
 
 html_theme = "furo"
 html_title = f"kombu-events {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["site.css"]
 html_show_sourcelink = False
 pygments_style = "friendly"
 pygments_dark_style = "monokai"
