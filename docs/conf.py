@@ -39,7 +39,6 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_mock_imports: list[str] = []
 
 graphviz_output_format = "svg"

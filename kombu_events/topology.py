@@ -1,4 +1,4 @@
-"""The topology of one service as unbound kombu entities (DESIGN.md section 2); no I/O."""
+"""The topology of one service as unbound kombu entities (docs/topology.md); no I/O."""
 from __future__ import annotations
 
 __all__ = ["Address", "ExchangeBinding", "Topology", "build_topology"]
