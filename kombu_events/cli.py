@@ -114,12 +114,19 @@ def cli(ctx: click.Context, app_name: str | None, broker: str | None, service: s
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="Print every exchange, queue, argument and binding; do not connect.")
+@click.option("--format", "fmt", type=click.Choice(["text", "dot"]), default="text", show_default=True,
+              help="With --dry-run: one line per entity, or a Graphviz dot graph (render with `dot -Tsvg`).")
 @click.pass_obj
 @_guarded
-def declare(obj: Context, dry_run: bool) -> None:
+def declare(obj: Context, dry_run: bool, fmt: str) -> None:
     """Create the service's topology (idempotent)."""
+    if fmt == "dot" and not dry_run:
+        raise click.UsageError("--format dot prints the topology without declaring it: add --dry-run")
     topology = obj.events.topology()
     if dry_run:
+        if fmt == "dot":
+            click.echo(topology.to_dot(), nl=False)
+            return
         for line in topology.describe():
             click.echo(line)
         return

@@ -12,7 +12,7 @@ from .backoff import Backoff, Exponential
 from .codec import accept_set
 from .errors import ConfigurationError
 
-#: Environment variables honoured (seed 000's names for retries and the archive).
+#: Environment variables honoured (celery-amqp-events' names for retries and the archive).
 ENV = {
     "max_retries": "AMQP_EVENTS_MAX_RETRIES",
     "archive_ttl_ms": "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",

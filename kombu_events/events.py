@@ -223,7 +223,7 @@ class Events:
                                          properties=message.properties, error=error)
 
     def event(self, routing_key: str) -> Callable[[Callable[..., Any]], Callable[..., str]]:
-        """Decorator for a publishing function whose body validates its arguments (seed 000).
+        """Decorator for a publishing function whose body validates its arguments.
 
         Calling it runs the body (which may raise to refuse), then publishes: the
         body's return value if not None, else the call's arguments as a dict.

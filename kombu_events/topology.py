@@ -1,4 +1,4 @@
-"""The topology of one service as unbound kombu entities (DESIGN.md section 2); no I/O."""
+"""The topology of one service as unbound kombu entities (docs/topology.md); no I/O."""
 from __future__ import annotations
 
 __all__ = ["Address", "ExchangeBinding", "Topology", "build_topology"]
@@ -10,6 +10,7 @@ from kombu import Exchange, Queue, binding
 
 from . import ladder, names
 from .config import Settings
+from .dot import to_dot as render_dot
 from .handlers import Handler
 
 
@@ -72,13 +73,18 @@ class Topology:
         for queue in self.queues:
             args = " ".join(f"{k}={v}" for k, v in sorted((getattr(queue, "queue_arguments", None) or {}).items()))
             lines.append(f"queue {queue.name} durable={queue.durable} {args}".rstrip())
-            for b in queue.bindings:
+            # kombu keeps bindings in a set: sorted, the plan reads (and diffs) the same every run.
+            for b in sorted(queue.bindings, key=lambda b: (b.exchange.name, b.routing_key or "")):
                 lines.append(f"  bind queue {queue.name} <- exchange {b.exchange.name} key={b.routing_key!r}")
         for eb in self.exchange_bindings:
             lines.append(
                 f"bind exchange {eb.destination.name} <- exchange {eb.source.name} key={eb.routing_key!r}"
             )
         return lines
+
+    def to_dot(self) -> str:
+        """The topology as a Graphviz ``dot`` graph: the ``declare --dry-run --format dot`` output."""
+        return render_dot(self)
 
 
 def _queue_args(settings: Settings, *, dead_letters: bool) -> dict[str, object]:

@@ -149,6 +149,26 @@ def test_declare_dry_run_prints_the_plan_without_connecting(make_project):
     assert project.exchange not in _names(project.broker_url, "exchanges")
 
 
+def test_declare_dry_run_format_dot_prints_a_graph_without_connecting(make_project):
+    project = make_project()
+    out = cli(project, "--broker", CLOSED_PORT_URL, "declare", "--dry-run", "--format", "dot").stdout
+    s = project.service
+    assert out.startswith(f'digraph "{s}" {{\n') and out.endswith("}\n")
+    assert f'"exchange:{project.exchange}" [shape=box' in out
+    assert f'"queue:{s}.orders" [shape=ellipse' in out
+    assert f'"exchange:{project.exchange}" -> "queue:{s}.orders" [label="orders.#"];' in out
+    assert out.count("style=bold") == LEVELS and out.count("style=dashed") == LEVELS + 2
+    assert out == cli(project, "--broker", CLOSED_PORT_URL, "declare", "--dry-run", "--format", "dot").stdout
+    assert service_entities(project, "queues") == []  # nothing was declared
+
+
+def test_declare_format_dot_without_dry_run_is_a_usage_error(make_project):
+    project = make_project()
+    result = cli(project, "declare", "--format", "dot", code=2)
+    assert "--format dot" in result.stderr and "--dry-run" in result.stderr
+    assert service_entities(project, "queues") == []
+
+
 def test_declare_creates_the_topology_and_is_idempotent(make_project):
     project = make_project()
     for _ in range(2):

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from kombu import Exchange, Queue, binding
 
 from kombu_events.backoff import Exponential
 from kombu_events.config import Settings
 from kombu_events.handlers import Handler
-from kombu_events.topology import build_topology
+from kombu_events.topology import Topology, build_topology
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -188,6 +189,18 @@ def test_describe_lists_every_entity():
         assert f"bind exchange {eb.destination.name} <- exchange {eb.source.name} key={eb.routing_key!r}" in lines
     bindings = sum(len(q.bindings) for q in topology.queues)
     assert len(lines) == len(topology.exchanges) + len(topology.queues) + bindings + len(topology.exchange_bindings)
+
+
+def test_describe_is_the_same_whatever_the_order_of_kombus_binding_sets():
+    events = Exchange("events", "topic")
+    keys = [f"k{n}.#" for n in range(20)]
+    base = build_topology(_settings(), HANDLERS)
+    plans = [Topology(base.settings, base.exchanges, (Queue("q", bindings=[binding(events, routing_key=k)
+                                                                           for k in order]),), ()).describe()
+             for order in (keys, keys[::-1])]
+    assert plans[0] == plans[1]
+    assert [line for line in plans[0] if line.startswith("  bind ")] == [
+        f"  bind queue q <- exchange events key={k!r}" for k in sorted(keys)]
 
 
 def test_describe_without_arguments_has_no_trailing_space():
