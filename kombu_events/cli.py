@@ -283,7 +283,7 @@ _examples(cli,
           "kombu-events publish orders.7.created '{\"order_id\": 7}'")
 _examples(declare,
           "kombu-events -A proj.events declare --dry-run   # print every exchange, queue and binding",
-          "kombu-events -A proj.events declare --dry-run --format dot | dot -Tsvg > topology.svg",
+          "kombu-events -A proj.events declare --dry-run --format dot   # Graphviz: pipe it to dot -Tsvg",
           "kombu-events -A proj.events declare             # create them on the broker")
 _examples(status,
           "kombu-events -A proj.events status",
