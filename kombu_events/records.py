@@ -1,4 +1,4 @@
-"""What the test stub records: published messages, how each delivery was settled, what is waiting."""
+"""What the test stub records (published messages, settled deliveries, what waits), and what it re-raises."""
 from __future__ import annotations
 
 __all__ = ["Published", "Settled", "Pending", "fails_fast"]
@@ -72,7 +72,7 @@ class Pending(NamedTuple):
 
     due: float
     queue: str
-    routing_key: str  #: as the broker delivers it: the event's key, or a ladder key for a copy
+    routing_key: str  #: the event's own routing key
     body: bytes
     properties: Mapping[str, Any]
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from . import decision, registry, runner, signals, topic
 from .codec import JSON
-from .delivery import read_delivery
+from .delivery import Delivery, read_delivery
 from .errors import ConfigurationError, KombuEventsError, PublishError, UnroutableError
 from .event import Event
 from .events import Events
@@ -45,6 +45,7 @@ class _Queued(NamedTuple):
 
     due_ms: float
     seq: int
+    delivered_with: str  # the routing key the broker delivers it with (a ladder key for a copy)
     message: Pending
 
 
@@ -121,7 +122,13 @@ class StubEvents:
         return [queued.message for queued in sorted(self._queue)]
 
     def calls(self, handler: Callable[..., Any]) -> list[Any]:
-        """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True."""
+        """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True.
+
+        Raises ConfigurationError for a function that is no handler of the app: an
+        assertion that it was never called would pass for the wrong reason.
+        """
+        if not any(h.fn is handler for events in registry.services_of(self.app) for h in events.handlers):
+            raise ConfigurationError(f"{handler!r} is not a handler of {self.app!r}")
         return list(self._calls.get(handler, ()))
 
     # -- publishing -----------------------------------------------------------------------------
@@ -167,15 +174,16 @@ class StubEvents:
                   for handler in events.handlers if any(topic.matches(k, routing_key) for k in handler.binding_keys)]
         self.published.append(Published(exchange, routing_key, body, properties, tuple(queues)))
         for queue in queues:
-            self._push(self._now_ms, Pending(0.0, queue, routing_key, body, copy.deepcopy(properties)))
+            self._push(self._now_ms, routing_key, Pending(0.0, queue, routing_key, body, copy.deepcopy(properties)))
         if queues or not mandatory:
             return None
         return UnroutableError(f"event {routing_key!r} published to exchange {exchange!r} was not routed to any "
                                "queue (no handler is bound with a matching key)", exchange=exchange,
                                routing_key=routing_key)
 
-    def _push(self, due_ms: float, message: Pending) -> None:
-        heapq.heappush(self._queue, _Queued(due_ms, next(self._seq), message._replace(due=due_ms / 1000)))
+    def _push(self, due_ms: float, delivered_with: str, message: Pending) -> None:
+        queued = _Queued(due_ms, next(self._seq), delivered_with, message._replace(due=due_ms / 1000))
+        heapq.heappush(self._queue, queued)
 
     # -- the clock --------------------------------------------------------------------------------
 
@@ -194,12 +202,15 @@ class StubEvents:
                 if count > LOOP_LIMIT:
                     raise KombuEventsError(f"join() handled {LOOP_LIMIT} messages at t={self.now:g} s and more are "
                                            "due: does a handler or middleware send them back with no delay?")
-                failure = self._deliver(heapq.heappop(self._queue).message)
+                failure = self._deliver(heapq.heappop(self._queue))
                 if fail_fast and failure is not None:
                     raise failure
 
     def advance(self, seconds: float, *, fail_fast: bool = True) -> None:
-        """Move the clock forward, handling each message when it comes due (retries of retries too)."""
+        """Move the clock ``seconds`` forward, handling each message when it comes due (retries of retries too).
+
+        If ``fail_fast`` re-raises, the clock stays where the failed message came due.
+        """
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise ValueError(f"advance() takes seconds >= 0, got {seconds!r}")
         target_ms = self._now_ms + float(Decimal(repr(float(seconds))) * 1000)
@@ -225,41 +236,39 @@ class StubEvents:
             cached = self._topologies[id(events)] = (handlers, events.topology())
         return cached[1]
 
-    def _deliver(self, message: Pending) -> BaseException | None:
+    def _deliver(self, queued: _Queued) -> BaseException | None:
         """Receive, screen, run, plan and settle one message; the undeclared exception its handler raised."""
+        message, self._failure = queued.message, None
         events, handler, topology = self._route_of(message.queue)
         delivery = read_delivery(message.queue, message.body, message.properties,
-                                 {"routing_key": message.routing_key, "redelivered": False}, received=time.monotonic())
-        hooks = events.hooks
-        if hooks.on_received:
-            hooks.received(delivery)
-        outcome = screen(delivery, hooks)
-        self._running, self._failure = handler, None
+                                 {"routing_key": queued.delivered_with, "redelivered": False},
+                                 received=time.monotonic())
+        if events.hooks.on_received:
+            events.hooks.received(delivery)
+        outcome = screen(delivery, events.hooks)
         if outcome is None:
-            # Copies, as a prefork pool gets them through its pipe: a handler that changes
-            # event.headers does not change the message that is retried or archived.
-            meta = (delivery.routing_key, delivery.attempt, copy.deepcopy(dict(delivery.headers)),
-                    copy.deepcopy(dict(delivery.properties)))
-            try:
-                outcome = runner.run(handler.queue, delivery.body, delivery.content_type,
-                                     delivery.content_encoding, meta,
-                                     decision.is_final(delivery.attempt, handler.max_retries))
-            finally:
-                self._running = None
-        step = self._carry_out(plan(delivery, outcome, max_retries=handler.max_retries, backoff=handler.backoff,
-                                    topology=topology, rand=self._rand), message)
-        if isinstance(step, Republish):
-            properties: Mapping[str, Any] = step.properties
-            headers: Mapping[str, Any] = step.properties["application_headers"]
-        else:
-            properties, headers = delivery.properties, delivery.headers
-        self.settled.append(Settled(step.action, delivery.queue, delivery.routing_key, delivery.attempt, handler.fn,
-                                    step.reason, step.delay_ms, headers, delivery.body, properties, outcome,
-                                    self.now))
-        announce(handler.fn, hooks, delivery, outcome, step)
+            outcome = self._run(handler, delivery)
+        step = plan(delivery, outcome, max_retries=handler.max_retries, backoff=handler.backoff, topology=topology,
+                    rand=self._rand)
+        step = self._carry_out(step, delivery)
+        self._record(handler, delivery, outcome, step)
+        announce(handler.fn, events.hooks, delivery, outcome, step)
         return self._failure
 
-    def _carry_out(self, step: Step, message: Pending) -> Step:
+    def _run(self, handler: Handler, delivery: Delivery) -> decision.Outcome:
+        """Run the handler as the worker's pool does."""
+        # Copies, as a prefork pool gets them through its pipe: a handler that changes
+        # event.headers does not change the message that is retried or archived.
+        meta = (delivery.routing_key, delivery.attempt, copy.deepcopy(dict(delivery.headers)),
+                copy.deepcopy(dict(delivery.properties)))
+        self._running = handler
+        try:
+            return runner.run(handler.queue, delivery.body, delivery.content_type, delivery.content_encoding, meta,
+                              decision.is_final(delivery.attempt, handler.max_retries))
+        finally:
+            self._running = None
+
+    def _carry_out(self, step: Step, delivery: Delivery) -> Step:
         """What the broker does with ``step``: a refused copy takes its fallback; a retry waits its delay."""
         while isinstance(step, Republish):
             why = self._refuse(step) if self._refuse is not None else None
@@ -268,9 +277,19 @@ class StubEvents:
             step = step.if_refused(why)
         if isinstance(step, Republish) and step.action in ("retry", "requeue"):
             # The ladder brings the copy back to this queue only, with the routing key it was sent with.
-            self._push(self._now_ms + step.delay_ms,
-                       Pending(0.0, message.queue, str(step.routing_key), message.body, step.properties))
+            copied = Pending(0.0, delivery.queue, delivery.routing_key, delivery.body, step.properties)
+            self._push(self._now_ms + step.delay_ms, str(step.routing_key), copied)
         return step
+
+    def _record(self, handler: Handler, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
+        if isinstance(step, Republish):
+            properties: Mapping[str, Any] = step.properties
+            headers: Mapping[str, Any] = step.properties["application_headers"]
+        else:
+            properties, headers = delivery.properties, delivery.headers
+        self.settled.append(Settled(step.action, delivery.queue, delivery.routing_key, delivery.attempt, handler.fn,
+                                    step.reason, step.delay_ms, headers, delivery.body, properties, outcome,
+                                    self.now))
 
     # -- seeing what runs in the pool ---------------------------------------------------------------
 

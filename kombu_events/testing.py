@@ -1,6 +1,6 @@
 """Testing your handlers: the in-memory stub, a throw-away RabbitMQ vhost, and the pytest plugin for both.
 
-Opt in from your top-level ``conftest.py`` (or a test module) with
+Opt in from your top-level ``conftest.py`` with
 ``pytest_plugins = ["kombu_events.testing"]``; it adds two fixtures:
 
 - ``events_stub(events_or_app, **options)`` makes a :class:`StubEvents` that the app's own
@@ -36,7 +36,7 @@ from kombu import Connection
 from . import registry
 from .errors import BrokerUnavailableError, KombuEventsError
 from .events import Events
-from .logs import safe_url
+from .logs import safe_text, safe_url
 from .publisher import Publisher
 from .records import Pending, Published, Settled, fails_fast
 from .stub import StubEvents
@@ -83,8 +83,8 @@ def running_worker(target: Any, broker_url: str, **options: Any) -> Iterator[Any
     """A Celery worker with the events step, on ``broker_url``, in a thread of this process, until the block ends.
 
     ``target`` is an ``Events`` or its Celery app; the app's services publish to
-    ``broker_url`` meanwhile. Handlers run in this thread's process (the solo pool), so
-    what they do is visible to the test. ``options`` go to Celery's ``start_worker``.
+    ``broker_url`` meanwhile. Handlers run in the worker's thread (the solo pool): what
+    they do is visible to the test once they ran. ``options`` go to Celery's ``start_worker``.
     """
     app = target.app if isinstance(target, Events) else target
     saved_conf = {name: app.conf.get(name) for name in _WORKER_CONF}
@@ -154,5 +154,5 @@ def events_broker() -> Iterator[str]:
         except KombuEventsError:
             raise  # reachable, but it refused: a problem to see, not to skip
         except Exception as exc:  # kombu's and py-amqp's connection errors
-            _unavailable(f"RabbitMQ is not reachable at {safe_url(base)}: {exc}")
+            _unavailable(f"RabbitMQ is not reachable at {safe_url(base)}: {safe_text(str(exc))}")
         yield url

@@ -173,6 +173,18 @@ def test_handlers_get_the_payload_an_event_or_the_raw_body(events):
     assert event.headers == {"x-request-id": "r-1"} and event.properties["app_id"] == "shop"
 
 
+def test_calls_refuses_a_function_that_is_no_handler(events):
+    @events.handler("orders.#")
+    def audit(payload):
+        pass
+
+    def helper(payload):
+        pass
+
+    with pytest.raises(ConfigurationError, match="is not a handler"):
+        StubEvents(events).calls(helper)
+
+
 def test_raw_bodies_and_content_type_overrides(events):
     @events.handler("orders.#")
     def audit(payload):
@@ -229,7 +241,7 @@ def test_retry_then_succeed_follows_the_backoff_on_the_virtual_clock(events):
     stub.publish("orders.1.created", {"n": 1}, headers={"tenant": "acme"})
     stub.join(fail_fast=False)
     assert [(r.attempt, r.delay_ms, r.reason) for r in stub.retried] == [(1, 200, "builtins.RuntimeError: failure 1")]
-    assert [p.due for p in stub.pending] == [0.2]
+    assert [(p.due, p.queue, p.routing_key) for p in stub.pending] == [(0.2, "billing.flaky", "orders.1.created")]
     stub.advance(0.1)
     assert len(stub.settled) == 1 and stub.now == 0.1
     stub.advance(0.1, fail_fast=False)
