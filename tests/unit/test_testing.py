@@ -1,8 +1,11 @@
 """The test kit's stub: the worker's own code over an in-memory broker and a virtual clock (no socket)."""
 from __future__ import annotations
 
+import itertools
+
 import celery
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kombu_events import (
     Archive,
@@ -596,3 +599,51 @@ def test_hold_records_keep_the_deliverys_headers(events):
     stub.join()
     [held] = stub.held
     assert held.headers == {"tenant": "acme"} and held.payload == {"n": 1} and held.message_id
+
+
+# -- every message ends once: acked or archived, after at most max_retries retries -------------------------
+
+STEPS = st.sampled_from(["ok", "fail", "retry", "archive", "poison"])
+
+
+def expected_settlements(script: list[str], max_retries: int) -> list[tuple[int, str, float]]:
+    """(attempt, action, delay_ms) a message whose handler follows ``script`` must go through."""
+    found = []
+    for attempt in itertools.count(1):
+        step = script[attempt - 1] if attempt <= len(script) else "ok"
+        if step == "ok":
+            return [*found, (attempt, "ack", 0)]
+        if step in ("archive", "poison") or attempt > max_retries:
+            return [*found, (attempt, "archive", 0)]
+        found.append((attempt, "retry", 300 if step == "retry" else min(200 * 2 ** (attempt - 1), 1000)))
+    raise AssertionError("unreachable")
+
+
+@settings(max_examples=150, deadline=None)
+@given(scripts=st.lists(st.lists(STEPS, max_size=6), min_size=1, max_size=4), max_retries=st.integers(0, 4))
+def test_every_message_is_acked_or_archived_once_as_the_policy_says(scripts, max_retries):
+    app = celery.Celery("proj", broker="memory://", set_as_current=False)
+    events = Events(app, "billing", **FAST)
+
+    @events.handler("orders.#", bind=True, max_retries=max_retries)
+    def scripted(event):
+        script = event.payload["script"]
+        step = script[event.attempt - 1] if event.attempt <= len(script) else "ok"
+        if step == "fail":
+            raise RuntimeError("failed")
+        if step == "retry":
+            raise Retry(delay=0.3)
+        if step == "archive":
+            raise Archive("archived")
+        if step == "poison":
+            with poisonous():
+                raise ValueError("poisoned")
+
+    stub = StubEvents(events)
+    ids = [stub.publish(f"orders.{n}", {"script": script}) for n, script in enumerate(scripts)]
+    stub.advance(3600, fail_fast=False)
+    assert stub.pending == []
+    for message_id, script in zip(ids, scripts):
+        settled = [(s.attempt, s.action, s.delay_ms) for s in stub.settled if s.message_id == message_id]
+        assert settled == expected_settlements(script, max_retries)
+        assert [e.attempt for e in stub.calls(scripted) if e.message_id == message_id] == [a for a, _, _ in settled]
