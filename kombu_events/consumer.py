@@ -22,13 +22,13 @@ from typing import Any
 from amqp import Message
 from kombu import Consumer
 
-from . import decision, runner, signals
+from . import decision, runner
 from .confirms import Confirmer
 from .declare import declare
 from .delivery import Delivery, read_delivery
-from .logs import log_outcome
 from .plan import Ack, Republish, Step, plan
 from .registry import Route
+from .settle import announce, screen
 
 logger = logging.getLogger(__name__)
 
@@ -149,14 +149,7 @@ class ServiceConsumer:
                                  received=time.monotonic())
         if self.hooks.on_received:
             self.hooks.received(delivery)
-        if delivery.unreadable:
-            outcome: decision.Outcome | None = decision.Outcome(decision.UNDECODABLE, delivery.unreadable)
-        elif delivery.redelivered:
-            # Its last delivery ended without an ack (worker or connection lost): send it back,
-            # counted, so a message that keeps killing its worker cannot loop forever.
-            outcome = decision.Outcome(decision.REDELIVERED, "redelivered after an unacknowledged delivery")
-        else:
-            outcome = self.hooks.before_dispatch(delivery) if self.hooks.on_before_dispatch else None
+        outcome = screen(delivery, self.hooks)  # unreadable, redelivered, or refused by middleware
         if outcome is not None:
             self._settle(route, delivery, message, outcome)
             return
@@ -233,17 +226,7 @@ class ServiceConsumer:
 
     def _settled(self, route: Route, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
         """One log line, the ``message_settled`` signal and the middleware's ``settled`` hook."""
-        log_outcome(step.action, queue=delivery.queue, routing_key=delivery.routing_key,
-                    message_id=delivery.message_id, attempt=delivery.attempt, duration_ms=outcome.duration_ms,
-                    delay_ms=step.delay_ms, reason=step.reason)
-        if signals.message_settled.receivers:
-            signals.message_settled.send(
-                sender=route.handler.fn, queue=delivery.queue, routing_key=delivery.routing_key,
-                message_id=delivery.message_id, attempt=delivery.attempt, action=step.action,
-                delay_ms=step.delay_ms, reason=step.reason, handler_duration_ms=outcome.duration_ms,
-                outcome=outcome)
-        if self.hooks.on_settled:
-            self.hooks.settled(delivery, outcome, step)
+        announce(route.handler.fn, self.hooks, delivery, outcome, step)
 
 
 def _as_published(channel: Any, raw: Any) -> Any:

@@ -163,6 +163,11 @@ class Events:
             self._publisher = Publisher(self.broker_url)
         return self._publisher
 
+    @publisher.setter
+    def publisher(self, publisher: Publisher | None) -> None:
+        """Publish through ``publisher`` (e.g. the test kit's in-memory one); None: a new one on next use."""
+        self._publisher = publisher
+
     def publish(
         self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,
         message_id: str | None = None, correlation_id: str | None = None,

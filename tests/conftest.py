@@ -5,6 +5,9 @@ import os
 
 import pytest
 
+#: The test kit's fixtures (events_stub, events_broker), opted into as a user would.
+pytest_plugins = ["kombu_events.testing"]
+
 BROKER_URL = os.environ.get("KOMBU_EVENTS_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
 
 

@@ -5,7 +5,7 @@ way a user's own mypy sees it. Keep it in step with README.md; pytest does not c
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from celery import Celery
 
@@ -27,6 +27,7 @@ from kombu_events import (
     signals,
 )
 from kombu_events.plan import Step
+from kombu_events.testing import StubEvents
 
 
 def charge(order_id: int) -> None: ...
@@ -126,6 +127,17 @@ def publish_examples() -> list[str]:
 
 if __name__ == "__main__":
     events.publish("billing.invoice.paid", {"id": 7})
+
+
+# -- Testing ----------------------------------------------------------------------------------------
+
+def test_a_created_order_is_charged(events_stub: Callable[..., StubEvents]) -> None:
+    stub = events_stub(events)                 # the app's handlers, in memory, on a virtual clock
+    events.publish("orders.42.created", {"order_id": 42})
+    stub.join()                                # runs what is due; re-raises a handler's bug
+    assert stub.calls(on_order_created) == [{"order_id": 42}]
+    stub.advance(1.5)
+    assert [(r.attempt, r.delay_ms, r.reason) for r in stub.retried + stub.archived + stub.acked] == []
 
 
 # -- Extending: middleware and signals ------------------------------------------------------------

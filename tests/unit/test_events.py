@@ -8,6 +8,7 @@ from kombu_events import Events, registry
 from kombu_events.backoff import Constant, Exponential
 from kombu_events.bootstep import OPTION, EventsStep
 from kombu_events.errors import ConfigurationError
+from kombu_events.publisher import Publisher
 
 
 @pytest.fixture
@@ -245,3 +246,19 @@ def test_a_misspelt_setting_fails_when_events_is_created():
     app = celery.Celery("typo", broker="memory://")
     with pytest.raises(ConfigurationError, match=r"unknown setting.*max_retry.*valid:.*max_retries"):
         Events(app, service="billing", max_retry=3)
+
+
+def test_the_publisher_can_be_replaced_and_reset(events):
+    published = []
+
+    class Recorder(Publisher):
+        def publish_many(self, items):
+            items = list(items)
+            published.extend((exchange, key, message.body) for exchange, key, message in items)
+            return [None] * len(items)
+
+    events.publisher = Recorder("memory://")
+    events.publish("orders.1.created", {"n": 1})
+    assert published == [("events", "orders.1.created", b'{"n":1}')]
+    events.publisher = None
+    assert type(events.publisher) is Publisher  # a new one, opened on first use
