@@ -65,16 +65,6 @@ def _topology_dot() -> None:
     out.write_text(result.stdout)
 
 
-def _drop_missing_testing_page(app: object, docname: str, source: list[str]) -> None:
-    """docs/testing.md is written on another branch: index.md lists it, dropped here until it lands.
-
-    (An empty toctree glob would warn, and Sphinx 9.0 cannot silence that warning.)
-    """
-    if docname == "index" and not (HERE / "testing.md").exists():
-        source[0] = source[0].replace("\ntesting\n", "\n")
-
-
 def setup(app: object) -> None:
-    """Generate the topology picture; hide the testing page while it does not exist."""
+    """Generate the topology picture before the pages are read."""
     _topology_dot()
-    app.connect("source-read", _drop_missing_testing_page)  # type: ignore[attr-defined]
