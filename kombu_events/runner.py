@@ -57,7 +57,9 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     event = None
     if handler.bind or hooks.on_handling or _pool_signals_connected():
         routing_key, attempt, headers, properties = meta or ("", 0, {}, {})
-        event = Event(payload, routing_key, queue, attempt, headers, properties, body)
+        # Copies: under the solo and threads pools these are the delivery's own, which a retry or
+        # archive copy is built from; what a handler changes must not leak into it.
+        event = Event(payload, routing_key, queue, attempt, dict(headers), dict(properties), body)
         if signals.handler_started.receivers:
             signals.handler_started.send(sender=handler.fn, event=event)
     argument = event if handler.bind else payload

@@ -209,3 +209,15 @@ def test_a_failure_that_will_be_retried_carries_no_traceback(exc, kind):
 def test_a_failure_archived_at_once_has_its_traceback_even_when_not_final():
     outcome = classify(_raised(Archive("bad")), _handler(), traceback_limit=2000, final=False)
     assert outcome.kind == decision.ARCHIVE and "Archive" in outcome.traceback
+
+
+def test_a_handler_that_changes_its_event_headers_leaves_the_delivery_alone(register):
+    """Under solo and threads the pool gets the delivery's own dicts: retries are built from them."""
+    def meddle(event):
+        event.headers["x-added"] = 1
+        event.properties["message_id"] = "changed"
+
+    register(_handler(meddle, bind=True))
+    headers, properties = {"x-request-id": "r1"}, {"message_id": "m-1"}
+    assert runner.run(QUEUE, b"{}", JSON, None, ("orders.1", 1, headers, properties)).kind == decision.OK
+    assert (headers, properties) == ({"x-request-id": "r1"}, {"message_id": "m-1"})
