@@ -147,9 +147,7 @@ class ServiceConsumer:
         handler = route.handler
         delivery = read_delivery(handler.queue, message.body, message.properties, message.delivery_info,
                                  received=time.monotonic())
-        if self.hooks.on_received:
-            self.hooks.received(delivery)
-        outcome = screen(delivery, self.hooks)  # unreadable, redelivered, or refused by middleware
+        outcome = screen(delivery, self.hooks)  # received hooks; unreadable, redelivered, or refused by middleware
         if outcome is not None:
             self._settle(route, delivery, message, outcome)
             return

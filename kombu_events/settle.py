@@ -18,12 +18,14 @@ from .plan import Step
 
 
 def screen(delivery: Delivery, hooks: Hooks) -> decision.Outcome | None:
-    """The Outcome of a delivery that is settled without running its handler; None to run it.
+    """Tell the middleware a delivery was received; its Outcome if it is settled without its handler, else None.
 
     A header or property that cannot be read makes it undecodable; a broker
     redelivery goes back to its queue, counted (its last delivery ended without an
     ack, so it may keep killing its worker); otherwise the middleware may refuse it.
     """
+    if hooks.on_received:
+        hooks.received(delivery)
     if delivery.unreadable:
         return decision.Outcome(decision.UNDECODABLE, delivery.unreadable)
     if delivery.redelivered:

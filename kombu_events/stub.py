@@ -243,8 +243,6 @@ class StubEvents:
         delivery = read_delivery(message.queue, message.body, message.properties,
                                  {"routing_key": queued.delivered_with, "redelivered": False},
                                  received=time.monotonic())
-        if events.hooks.on_received:
-            events.hooks.received(delivery)
         outcome = screen(delivery, events.hooks)
         if outcome is None:
             outcome = self._run(handler, delivery)
