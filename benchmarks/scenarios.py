@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
 import statistics
 import subprocess
 import sys
@@ -203,16 +204,23 @@ def celery_tasks(pool: str, concurrency: int) -> Callable[[Context], Run]:
     return run
 
 
-def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int = 1) -> Callable[[Context], Run]:
-    """kombu-events: handlers under ``celery worker --with-events-step``."""
+def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int = 1,
+                    tracing: float = 0, metrics: bool = False) -> Callable[[Context], Run]:
+    """kombu-events: handlers under ``celery worker --with-events-step``.
+
+    ``tracing``: with TracingMiddleware sampling that share of traces (0: none, 1: all); ``metrics``: the
+    worker serves Prometheus metrics (``--events-metrics-port``).
+    """
     def run(ctx: Context) -> Run:
-        out = ctx.directory(f"events-{mode}-{pool}-{queues}q")
+        suffix = (f"-traced{tracing:g}" if tracing else "") + ("-metrics" if metrics else "")
+        out = ctx.directory(f"events-{mode}-{pool}-{queues}q{suffix}")
         acks = 2 * ctx.n if mode == "fail_once" else ctx.n
         keys = [routing_key(k) for k in range(queues)]
-        with _Service(ctx, mode=mode, queues=queues) as service:
+        extra = ("--events-metrics-port", str(_free_port())) if metrics else ()
+        with _Service(ctx, mode=mode, queues=queues, tracing=tracing) as service:
             run = _throughput(
                 ctx, out,
-                lambda: service.worker(pool, concurrency, _env(out, ctx.n, acks), out),
+                lambda: service.worker(pool, concurrency, _env(out, ctx.n, acks), out, *extra),
                 lambda: broker.publish(ctx.url, broker.event_messages(ctx.exchange, keys, ctx.n)),
                 service.handler_queues, acks, fails=mode == "fail_once")
             return run if run.error else _after(run, ctx.url, service.all_queues)
@@ -235,8 +243,8 @@ def _env(out: Path, n: int, acks: int | str, **more: str) -> dict[str, str]:
 class _Service:
     """A kombu-events service of the run: topology declared on entry, every entity deleted on exit."""
 
-    def __init__(self, ctx: Context, mode: str, queues: int = 1) -> None:
-        self.ctx, self.mode, self.queues = ctx, mode, queues
+    def __init__(self, ctx: Context, mode: str, queues: int = 1, tracing: float = 0) -> None:
+        self.ctx, self.mode, self.queues, self.tracing = ctx, mode, queues, tracing
         self.name = ctx.name("svc")
         self.task_queue = f"{self.name}.tasks"
         app = make_app("kebench-runner", ctx.url, self.task_queue)
@@ -256,12 +264,19 @@ class _Service:
         broker.delete(self.ctx.url, queues=[*self.all_queues, self.task_queue],
                       exchanges=[*self.exchanges, self.task_queue])
 
-    def worker(self, pool: str, concurrency: int, env: dict[str, str], out: Path) -> Consumer:
+    def worker(self, pool: str, concurrency: int, env: dict[str, str], out: Path, *extra: str) -> Consumer:
         env = {**env, "KEB_SERVICE": self.name, "KEB_EXCHANGE": self.ctx.exchange, "KEB_BROKER": self.ctx.url,
                "KEB_TASKQ": self.task_queue, "KEB_MODE": self.mode, "KEB_QUEUES": str(self.queues),
-               "KEB_WAIT_S": str(self.ctx.wait_s)}
+               "KEB_WAIT_S": str(self.ctx.wait_s), **({"KEB_TRACING": str(self.tracing)} if self.tracing else {})}
         return Consumer.celery("benchmarks.apps.events_app", pool, concurrency, env, out,
-                               "--with-events-step", "-Q", self.task_queue)
+                               "--with-events-step", "-Q", self.task_queue, *extra)
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now (for a worker's metrics endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # -- publishing ---------------------------------------------------------------------------------------

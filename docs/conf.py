@@ -39,7 +39,8 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_mock_imports: list[str] = []
+# The metrics extra (kombu-events[prometheus]) is not installed to build the site.
+autodoc_mock_imports: list[str] = ["prometheus_client"]
 
 graphviz_output_format = "svg"
 

@@ -1,7 +1,7 @@
-"""The Celery consumer bootstep behind ``celery worker --with-events-step``."""
+"""The Celery consumer bootstep behind ``celery worker --with-events-step [--events-metrics-port PORT]``."""
 from __future__ import annotations
 
-__all__ = ["EventsStep", "install", "OPTION"]
+__all__ = ["EventsStep", "install", "OPTION", "METRICS_OPTION"]
 
 import logging
 from typing import Any
@@ -9,12 +9,22 @@ from typing import Any
 import click
 from celery import bootsteps
 
-from . import registry, wire_guard
+from . import registry, sentry, wire_guard
+from .config import resolve_metrics_settings
 from .consumer import ServiceConsumer
+from .errors import ConfigurationError
+
+_no_exporter = ""  # why the exporter cannot be imported
+try:  # prometheus_client is an extra: kombu-events[prometheus]
+    from . import exporter
+except ImportError as exc:
+    exporter = None  # type: ignore[assignment]
+    _no_exporter = str(exc)
 
 logger = logging.getLogger(__name__)
 
 OPTION = "--with-events-step"
+METRICS_OPTION = "--events-metrics-port"
 
 
 class EventsStep(bootsteps.StartStopStep):
@@ -23,10 +33,15 @@ class EventsStep(bootsteps.StartStopStep):
     requires = ("celery.worker.consumer.connection:Connection",)
     name = "kombu_events.bootstep.EventsStep"
 
-    def __init__(self, parent: Any, with_events_step: bool = False, **kwargs: Any) -> None:
+    def __init__(self, parent: Any, with_events_step: bool = False, events_metrics_port: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.enabled = bool(with_events_step)
         self.consumers: list[ServiceConsumer] = []
+        self._sentry = False
+        self.exporter: Any = None
+        if not self.enabled and events_metrics_port is not None:
+            logger.warning("kombu-events: %s ignored without %s", METRICS_OPTION, OPTION)
         if self.enabled:
             # Resolving here, before the pool forks, validates every setting at start-up, and
             # forked pool processes inherit the routes ready-made.
@@ -34,6 +49,8 @@ class EventsStep(bootsteps.StartStopStep):
             if not services:
                 logger.warning("kombu-events: %s given but app %s registers no Events", OPTION, parent.app.main)
             wire_guard.install()  # a message py-amqp cannot decode must not end the worker
+            self._sentry = sentry.install()  # handler errors reach Sentry once the app initialised sentry_sdk
+            self.exporter = _serve_metrics(parent.app, services, events_metrics_port)
             self.consumers = [ServiceConsumer(e) for e in services]
 
     def start(self, c: Any) -> None:
@@ -55,6 +72,27 @@ class EventsStep(bootsteps.StartStopStep):
         """Close the step's channels."""
         for consumer in self.consumers:
             consumer.shutdown()
+        if self._sentry:  # a worker in a test's thread ends; the process goes on
+            sentry.uninstall()
+            self._sentry = False
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+
+
+def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:
+    """The metrics endpoint when a port is set (flag, else ``kombu_events_metrics_port``), else None.
+
+    Served from here, before the pool forks: a port that cannot be bound stops the
+    worker at start-up, and /healthz answers (503) until the event loop turns.
+    """
+    settings = resolve_metrics_settings(app.conf, port=port)
+    if settings.port is None:
+        return None
+    if exporter is None:
+        raise ConfigurationError(f"{METRICS_OPTION} / kombu_events_metrics_port need prometheus_client: "
+                                 f"pip install 'kombu-events[prometheus]' ({_no_exporter})")
+    return exporter.serve_worker(services, settings)
 
 
 def install(app: Any) -> None:
@@ -65,3 +103,7 @@ def install(app: Any) -> None:
     if not any(OPTION in getattr(o, "opts", ()) for o in options):
         options.add(click.Option([OPTION], is_flag=True, default=False,
                                  help="Consume kombu-events handler queues in this worker."))
+    if not any(METRICS_OPTION in getattr(o, "opts", ()) for o in options):
+        options.add(click.Option([METRICS_OPTION], type=click.IntRange(1, 65_535), default=None,
+                                 help="Serve Prometheus /metrics and /healthz on this port "
+                                      "(kombu-events[prometheus]; host: kombu_events_metrics_host)."))

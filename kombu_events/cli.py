@@ -1,24 +1,37 @@
-"""The ``kombu-events`` command: declare, status, archive list/show/replay/purge, publish."""
+"""The ``kombu-events`` command: declare, status, health, archive list/show/replay/purge, publish, backlog
+status/flush, schedules."""
 from __future__ import annotations
 
 __all__ = ["main", "cli"]
 
+import dataclasses
 import json
 import logging
+import os
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import click
+from amqp.exceptions import NotFound
 from kombu import Connection
 
 from . import archive as archive_ops, registry, wire_guard
-from .config import broker_url
+from .backlog import Backlog
+from .config import Settings, broker_url
 from .declare import declare as declare_topology
 from .errors import BrokerUnavailableError, KombuEventsError
+from .guard import Guard
 from .logs import safe_text, safe_url
-from .publisher import Publisher, build_message
-from .status import gather
+from .outbox import Outbox
+from .periodic import now_ms, peek_state
+from .probes import broker_check
+from .publisher import Publisher, addressed, build_message
+from .schedule import summary
+from .service_health import missing_exchanges, problems
+from .status import PAUSED, gather
+from .topology import build_topology
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +119,7 @@ def _guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--service", help="Service to act on when the app has several.")
 @click.pass_context
 def cli(ctx: click.Context, app_name: str | None, broker: str | None, service: str | None) -> None:
-    """Operate kombu-events: topology, queue status, archive, publishing."""
+    """Operate kombu-events: topology, queue status, archive, publishing, the local backlog, periodic schedules."""
     sys.path.insert(0, ".")  # as `celery -A` does: the app module is found from the current directory
     wire_guard.install()  # archived messages py-amqp cannot decode are still listed and replayed
     ctx.obj = Context(app_name, broker, service)
@@ -143,21 +156,63 @@ def declare(obj: Context, dry_run: bool, fmt: str) -> None:
 @click.pass_obj
 @_guarded
 def status(obj: Context, as_json: bool, max_archive: int | None, management_url: str | None) -> None:
-    """Ready/unacked messages and consumers of every queue, delay level and the archive."""
+    """Ready/unacked messages and consumers of every queue, delay level and the archive.
+
+    A handler queue with no consumer shows as PAUSED: its circuit breaker is open, or no worker runs.
+    """
     with obj.connection() as conn:
         rows = gather(conn, obj.events.topology(), management_url)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        click.echo(f"{'queue':<48} {'role':<8} {'ready':>8} {'unacked':>8} {'consumers':>9}")
+        click.echo(f"{'queue':<48} {'role':<8} {'ready':>8} {'unacked':>8} {'consumers':>9}  state")
         for r in rows:
             cells = ["-" if v is None else str(v) for v in (r.ready, r.unacked, r.consumers)]
             name = r.queue if r.exists else f"{r.queue} (missing)"
-            click.echo(f"{name:<48} {r.role:<8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9}")
+            state = "PAUSED (no consumer)" if r.state == PAUSED else (r.state or "")
+            click.echo(f"{name:<48} {r.role:<8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9}  {state}".rstrip())
+    for r in rows:
+        if r.state == PAUSED:
+            click.echo(f"WARNING: handler queue {r.queue} has no consumer: paused (its circuit breaker is open) "
+                       f"or no worker consumes it; {r.ready} message(s) wait in it", err=True)
+        if r.role == "unrouted" and r.ready:
+            click.echo(f"WARNING: {r.ready} delayed event(s) came due with no queue bound for their key: "
+                       f"they wait in {r.queue}", err=True)
     archived = next((r.ready or 0) for r in rows if r.role == "archive")
     if max_archive is not None and archived > max_archive:
         click.echo(f"ALERT: archive holds {archived} messages (more than --max-archive {max_archive})", err=True)
         sys.exit(2)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: healthy, problems, queues.")
+@click.option("--max-archive", type=click.IntRange(min=0), help="A problem when the archive holds more messages.")
+@click.pass_obj
+@_guarded
+def health(obj: Context, as_json: bool, max_archive: int | None) -> None:
+    """Exit 0 when the broker is reachable, the topology exists and every handler queue has a consumer.
+
+    Exit 1 otherwise (also when the archive holds more than --max-archive messages),
+    with one line per problem: a readiness check or an alert.
+    """
+    topology = obj.events.topology()
+    rows: list[Any] = []
+    try:
+        with obj.connection() as conn:
+            rows = gather(conn, topology)
+            found = problems(rows, missing=missing_exchanges(conn, topology), max_archive=max_archive)
+    except BrokerUnavailableError as exc:
+        found = [f"broker: {safe_text(str(exc))}"]
+    if as_json:
+        click.echo(json.dumps({"healthy": not found, "problems": found, "queues": [r.as_dict() for r in rows]},
+                              indent=2))
+    else:
+        for line in found:
+            click.echo(line)
+        if not found:
+            click.echo(f"healthy: {obj.events.service} on {safe_url(obj.url)}")
+    if found:
+        sys.exit(1)
 
 
 @cli.group()
@@ -247,27 +302,131 @@ def archive_purge(obj: Context, queue: str | None, yes: bool) -> None:
 @click.argument("routing_key")
 @click.argument("payload")
 @click.option("--exchange", help="Exchange (default: the service's, else 'events').")
+@click.option("--delay", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="Seconds the event waits in the broker before it goes to every queue bound for its key.")
 @click.pass_obj
 @_guarded
-def publish(obj: Context, routing_key: str, payload: str, exchange: str | None) -> None:
-    """Publish one JSON event (confirmed, mandatory)."""
+def publish(obj: Context, routing_key: str, payload: str, exchange: str | None, delay: float) -> None:
+    """Publish one JSON event (confirmed, mandatory), now or after --delay seconds."""
     try:
         data = json.loads(payload)
     except ValueError as exc:
         raise KombuEventsError(f"PAYLOAD is not valid JSON: {exc}") from exc
     if obj.app_name:
-        exchange = exchange or obj.events.settings.exchange
-        url = obj.url
+        settings, url = obj.events.settings, obj.url
     else:
-        exchange = exchange or "events"
-        url = broker_url(None, obj.broker)
-    publisher = Publisher(url)
+        settings, url = Settings(service="kombu-events"), broker_url(None, obj.broker)
+    if exchange:
+        settings = dataclasses.replace(settings, exchange=exchange)
     message = build_message(data)
+    target, key = addressed(build_topology(settings, ()), routing_key, message, delay)
+    publisher = Publisher(url)
     try:
-        publisher.publish(exchange, routing_key, message)
+        publisher.publish(target, key, message)
     finally:
         publisher.close()
     click.echo(message.properties["message_id"])
+
+
+@cli.group()
+def backlog() -> None:
+    """The local backlog of events published while the broker was away (Events(..., backlog=PATH))."""
+
+
+def _outbox(obj: Context, path: str | None) -> Outbox:
+    """The app's outbox (its hooks see flushed events), or one over ``--path`` publishing to ``--broker``."""
+    if path is None:
+        if obj.events.outbox is None:
+            raise KombuEventsError(f"service {obj.events.service!r} has no backlog (Events(..., backlog=PATH)); "
+                                   "or name the file with --path")
+        return obj.events.outbox
+    if not os.path.exists(path):
+        raise KombuEventsError(f"no backlog at {path!r}")
+    url = obj.url if obj.app_name else broker_url(None, obj.broker)
+    publisher = Publisher(url)
+    return Outbox(Backlog(path), lambda: publisher, Guard([broker_check(url)]))
+
+
+@backlog.command("status")
+@click.option("--path", type=click.Path(dir_okay=False), help="The backlog file (default: the app's backlog=).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--max-depth", type=click.IntRange(min=0), help="Exit 2 when more events wait.")
+@click.option("--max-age", type=click.FloatRange(min=0), help="Exit 2 when the oldest has waited longer (seconds).")
+@click.pass_obj
+@_guarded
+def backlog_status(obj: Context, path: str | None, as_json: bool, max_depth: int | None,
+                   max_age: float | None) -> None:
+    """How many events wait, and for how long (no broker needed)."""
+    found = _outbox(obj, path).backlog.status()
+    age = found.age_s(time.time())
+    if as_json:
+        click.echo(json.dumps(found.as_dict(time.time()), indent=2))
+    else:
+        click.echo(f"{found.path}: {found.depth} waiting, oldest {'-' if age is None else f'{age:.1f} s'} old, "
+                   f"{found.rejected} set aside (unroutable), {found.used_bytes} of {found.max_bytes} bytes")
+    alerts = []
+    if max_depth is not None and found.depth > max_depth:
+        alerts.append(f"{found.depth} events wait (more than --max-depth {max_depth})")
+    if max_age is not None and age is not None and age > max_age:
+        alerts.append(f"the oldest has waited {age:.1f} s (more than --max-age {max_age:g})")
+    if alerts:
+        click.echo("ALERT: backlog: " + "; ".join(alerts), err=True)
+        sys.exit(2)
+
+
+@backlog.command("flush")
+@click.option("--path", type=click.Path(dir_okay=False), help="The backlog file (default: the app's backlog=).")
+@click.option("--timeout", type=click.FloatRange(min=0), help="Give up after this many seconds.")
+@click.option("--retry-rejected", is_flag=True, help="First put unroutable events back in line (bind a queue first).")
+@click.pass_obj
+@_guarded
+def backlog_flush(obj: Context, path: str | None, timeout: float | None, retry_rejected: bool) -> None:
+    """Publish waiting events in order, confirmed; delete each once confirmed (one flusher at a time)."""
+    outbox = _outbox(obj, path)
+    if retry_rejected:
+        click.echo(f"{outbox.backlog.retry_rejected()} set-aside event(s) back in line", err=True)
+    report = outbox.flush(timeout_s=timeout)
+    left = outbox.backlog.status()
+    click.echo(f"published {report.published}, set aside {report.rejected} (unroutable), {left.depth} waiting")
+    if report.error is not None:
+        raise KombuEventsError(f"flush stopped: {report.error}")
+    if left.depth:
+        sys.exit(1)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guarded
+def schedules(obj: Context, as_json: bool) -> None:
+    """Each periodic schedule: its period, its last run and the next due time (read from the broker)."""
+    with obj.connection() as conn:
+        rows = [summary(s, _peek(conn, s.state_queue), now_ms()) for s in obj.events.schedules]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"service {obj.events.service} has no periodic schedules", err=True)
+    click.echo(f"{'schedule':<24} {'every':>10} {'last run':>11} {'last due':<29} {'next due':<29} outcome")
+    for r in rows:
+        last = "-" if r["last_run"] is None else str(r["last_run"])
+        outcome = r.get("outcome") or r.get("note") or ""
+        click.echo(f"{r['schedule']:<24} {r['every_s']:>9g}s {last:>11} {r['last_due'] or '-':<29} "
+                   f"{r['next_due'] or '-':<29} {outcome}")
+
+
+def _peek(connection: Connection, queue: str) -> Any:
+    """The state in ``queue`` (left there), or None when it was never written or has expired."""
+    channel = connection.channel()
+    try:
+        return peek_state(channel, queue)
+    except NotFound:
+        return None
+    finally:
+        try:
+            channel.close()
+        except Exception:  # a basic_get on a missing queue already closed the channel
+            pass
 
 
 def _examples(command: click.Command, *lines: str) -> None:
@@ -279,6 +438,7 @@ def _examples(command: click.Command, *lines: str) -> None:
 _examples(cli,
           "kombu-events -A proj.events declare --dry-run   # the topology, without connecting",
           "kombu-events -A proj.events status              # queue depths, delay levels, archive",
+          "kombu-events -A proj.events health              # exit 1 when something is wrong",
           "kombu-events -A proj.events archive list        # what failed, and why",
           "kombu-events publish orders.7.created '{\"order_id\": 7}'")
 _examples(declare,
@@ -288,6 +448,9 @@ _examples(declare,
 _examples(status,
           "kombu-events -A proj.events status",
           "kombu-events -A proj.events status --json --max-archive 0   # exit 2 if anything is archived")
+_examples(health,
+          "kombu-events -A proj.events health                  # exit 1 and one line per problem",
+          "kombu-events -A proj.events health --max-archive 100 --json   # for a readiness probe or an alert")
 _examples(archive,
           "kombu-events -A proj.events archive list --queue billing.audit",
           "kombu-events -A proj.events archive replay --queue billing.audit --dry-run")
@@ -301,9 +464,25 @@ _examples(archive_replay,
           "kombu-events -A proj.events archive replay --queue billing.audit --limit 100")
 _examples(archive_purge,
           "kombu-events -A proj.events archive purge --queue billing.audit --yes")
+_examples(schedules,
+          "kombu-events -A proj.events schedules          # period, last run, next due of each schedule",
+          "kombu-events -A proj.events schedules --json   # the same as JSON")
 _examples(publish,
           "kombu-events publish orders.7.created '{\"order_id\": 7}'              # to 'events' on RABBIT_URL",
+          "kombu-events publish --delay 30 orders.7.remind '{\"order_id\": 7}'    # every subscriber, in 30 s",
           "kombu-events -A proj.events publish billing.invoice.paid '{\"id\": 7}'  # to the service's exchange")
+
+_examples(backlog,
+          "kombu-events -A proj.events backlog status",
+          "kombu-events -A proj.events backlog flush")
+_examples(backlog_status,
+          "kombu-events -A proj.events backlog status",
+          "kombu-events -A proj.events backlog status --json --max-age 300   # exit 2 past 5 minutes",
+          "kombu-events backlog status --path /var/lib/myapp/events-backlog.sqlite3")
+_examples(backlog_flush,
+          "kombu-events -A proj.events backlog flush                # while the app's own flusher is not running",
+          "kombu-events -A proj.events backlog flush --timeout 60 --retry-rejected",
+          "kombu-events --broker amqp://rabbit// backlog flush --path /var/lib/myapp/events-backlog.sqlite3")
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """Settings of an events service: defaults, environment, Celery config, validation."""
 from __future__ import annotations
 
-__all__ = ["Settings", "resolve_settings", "check_setting_names", "broker_url", "ENV", "SETTING_NAMES"]
+__all__ = ["Settings", "resolve_settings", "check_setting_names", "broker_url", "ENV", "SETTING_NAMES",
+           "DJANGO_CONNECTIONS", "MetricsSettings", "resolve_metrics_settings"]
 
 import os
 from dataclasses import dataclass, fields
@@ -9,6 +10,7 @@ from typing import Any, Mapping
 
 from . import ladder, names
 from .backoff import Backoff, Exponential
+from .circuit import CircuitBreaker
 from .codec import accept_set
 from .errors import ConfigurationError
 
@@ -21,11 +23,16 @@ ENV = {
 
 QUEUE_TYPES = ("classic", "quorum")
 
+#: What the worker does with Django's database connections around each handler (when Django is in use).
+DJANGO_CONNECTIONS = ("close", "max_age", "off")
+
 #: Valid range of every integer setting (inclusive).
 LIMITS = {
     "max_retries": (0, 10_000),
     "delay_levels": (1, 32),
     "delay_unit_ms": (1, 24 * 3600 * 1000),
+    "publish_delay_levels": (0, 32),
+    "publish_delay_unit_ms": (1, 24 * 3600 * 1000),
     "archive_ttl_ms": (0, 2**32 - 1),
     "archive_max_length": (0, 2**31 - 1),
     "prefetch_count": (1, 65_535),
@@ -48,22 +55,24 @@ class Settings:
     backoff: Backoff | None = None  # default: Exponential capped at 1 h or the ladder's reach
     delay_levels: int = 16
     delay_unit_ms: int = 1000
+    publish_delay_levels: int = 16
+    publish_delay_unit_ms: int = 1000
     archive_ttl_ms: int = 7 * 24 * 3600 * 1000
     archive_max_length: int = 100_000
     prefetch_count: int = 100
     queue_type: str = "classic"
     accept_content: tuple[str, ...] = ("application/json",)
     traceback_limit: int = 2000
+    django_connections: str = "close"
+    circuit_breaker: CircuitBreaker | None = None  # every handler's, unless it says otherwise; off by default
 
     def __post_init__(self) -> None:
         names.validate_name("service", self.service, max_bytes=200)
         names.validate_name("exchange", self.exchange)
         for setting, (low, high) in LIMITS.items():
             _check_int(setting, getattr(self, setting), low, high)
-        if self.queue_type not in QUEUE_TYPES:
-            raise ConfigurationError(
-                f"queue_type={self.queue_type!r} is not one of {', '.join(QUEUE_TYPES)}"
-            )
+        _check_choice("queue_type", self.queue_type, QUEUE_TYPES)
+        _check_choice("django_connections", self.django_connections, DJANGO_CONNECTIONS)
         if isinstance(self.accept_content, str) or not self.accept_content:
             raise ConfigurationError(
                 f"accept_content must be a non-empty list of content types, got {self.accept_content!r}"
@@ -73,16 +82,47 @@ class Settings:
             raise ConfigurationError(
                 f"backoff must be a backoff policy such as Exponential(...) or Constant(...), got {self.backoff!r}"
             )
+        if self.publish_delay_levels and len(self.exchange.encode("utf-8")) > names.MAX_NAME_BYTES - 13:
+            raise ConfigurationError(
+                f"exchange={self.exchange!r} leaves no room for the names of its delayed-publishing ladder "
+                f"('<exchange>.deferred.<level>' must fit {names.MAX_NAME_BYTES} bytes): shorten it, "
+                "or set publish_delay_levels=0")
+        self._check_circuit_breaker()
         backoff = self.backoff
         if backoff is None:
             backoff = Exponential(max_delay_ms=min(3_600_000, self.max_delay_ms))
             object.__setattr__(self, "backoff", backoff)
         self.check_delay("backoff max_delay_ms", backoff.max_delay_ms)
 
+    def _check_circuit_breaker(self) -> None:
+        """A CircuitBreaker, or None; a mapping (from Celery config) becomes ``CircuitBreaker(**mapping)``."""
+        value: Any = self.circuit_breaker
+        if isinstance(value, Mapping):
+            try:
+                value = CircuitBreaker(**value)
+            except TypeError as exc:
+                raise ConfigurationError(f"circuit_breaker={dict(value)!r}: {exc}") from None
+            object.__setattr__(self, "circuit_breaker", value)
+        elif value is False:
+            object.__setattr__(self, "circuit_breaker", None)
+        elif value is not None and not isinstance(value, CircuitBreaker):
+            raise ConfigurationError(
+                f"circuit_breaker must be a CircuitBreaker(...) or a mapping of its fields, got {value!r}")
+
     @property
     def max_queue_bytes(self) -> int:
         """Longest handler queue name: its ladder routing key must fit 255 bytes."""
         return names.MAX_NAME_BYTES - 2 * self.delay_levels
+
+    @property
+    def max_binding_key_bytes(self) -> int:
+        """Longest binding key: its delayed-publishing binding (one word per level before it) must fit."""
+        return names.MAX_NAME_BYTES - 2 * self.publish_delay_levels
+
+    @property
+    def max_publish_delay_ms(self) -> int:
+        """Longest delay ``events.publish(..., delay=...)`` can ask for (0: delayed publishing is off)."""
+        return ladder.max_delay_units(levels=self.publish_delay_levels) * self.publish_delay_unit_ms
 
     @property
     def max_delay_ms(self) -> int:
@@ -108,6 +148,11 @@ class Settings:
 def _check_int(setting: str, value: Any, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ConfigurationError(f"{setting} must be an integer within {low} .. {high}, got {value!r}")
+
+
+def _check_choice(setting: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigurationError(f"{setting}={value!r} is not one of {', '.join(choices)}")
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -165,6 +210,42 @@ def _conf_get(conf: Mapping[str, Any] | None, key: str) -> Any:
         return conf.get(key)
     except Exception:  # Celery's Settings may raise on odd keys; treat as unset.
         return None
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """Where a worker serves ``/metrics`` and ``/healthz`` (one per worker, not per service).
+
+    ``port`` None: no endpoint. ``liveness_s``: ``/healthz`` answers 503 once the
+    worker's event loop has not turned for that long.
+    """
+
+    port: int | None = None
+    host: str = "127.0.0.1"
+    liveness_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.port is not None:
+            _check_int("kombu_events_metrics_port", self.port, 1, 65_535)
+        if not isinstance(self.host, str) or not self.host.strip() or any(c.isspace() for c in self.host):
+            raise ConfigurationError(f"kombu_events_metrics_host must be a host name or address such as "
+                                     f"127.0.0.1 or 0.0.0.0, got {self.host!r}")
+        value = self.liveness_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= 3600:
+            raise ConfigurationError(f"kombu_events_metrics_liveness_s must be a number of seconds within "
+                                     f"1 .. 3600, got {value!r}")
+
+
+def resolve_metrics_settings(conf: Mapping[str, Any] | None, *, port: int | None = None) -> MetricsSettings:
+    """:class:`MetricsSettings` from the worker's ``--events-metrics-port`` (``port``), else Celery conf."""
+    values: dict[str, Any] = {}
+    for name in ("port", "host", "liveness_s"):
+        value = _conf_get(conf, f"kombu_events_metrics_{name}")
+        if value is not None:
+            values[name] = value
+    if port is not None:
+        values["port"] = port
+    return MetricsSettings(**values)
 
 
 def broker_url(app: Any = None, explicit: str | None = None, environ: Mapping[str, str] | None = None) -> str:

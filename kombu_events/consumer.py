@@ -17,13 +17,14 @@ import threading
 import time
 from collections import deque
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 from amqp import Message
 from kombu import Consumer
 
 from . import decision, runner
 from .confirms import Confirmer
+from .control import Control
 from .declare import declare
 from .delivery import Delivery, read_delivery
 from .plan import Ack, Republish, Step, plan
@@ -43,14 +44,21 @@ class ServiceConsumer:
         self.hooks = events.hooks
         self.topology = events.topology()
         self._queues = {q.name: q for q in self.topology.handler_queues}
-        self._consumers: list[Consumer] = []
+        #: Handlers with a prefetch of their own (e.g. 1 for a periodic schedule's token queue).
+        self._prefetch = {r.handler.queue: r.handler.prefetch for r in self.routes if r.handler.prefetch is not None}
+        #: Pause/resume and timers for middleware (the same object across reconnects).
+        self.control = Control(self.settings.service, tuple(r.handler.queue for r in self.routes), self)
+        self._consumers: dict[str, Consumer] = {}
+        self._active: set[str] = set()
+        self._started = False
+        self._connection: Any = None
         self._channels: list[Any] = []
         self._confirmer: Confirmer | None = None
         self._pool: Any = None
         self._hub: Any = None
         self._userid: str | None = None
         self._loop_ident = threading.get_ident()
-        self._mailbox: deque[tuple[Any, ...]] = deque()
+        self._mailbox: deque[Callable[[], Any]] = deque()
         self._wake: tuple[int, int] | None = None
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
@@ -59,7 +67,7 @@ class ServiceConsumer:
         """Declare the topology and start consuming on fresh channels of ``connection``."""
         self._close_channels()
         declare(self.topology, connection)
-        self._pool, self._hub = pool, hub
+        self._pool, self._hub, self._connection = pool, hub, connection
         self._userid = getattr(connection, "userid", None)
         self._loop_ident = threading.get_ident()
         channel = connection.channel()
@@ -69,11 +77,13 @@ class ServiceConsumer:
         publish_channel = connection.channel()
         self._confirmer = Confirmer(publish_channel, check_frame_size=True)
         self._channels = [channel, publish_channel]
-        self._consumers = [
-            Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False, auto_declare=False,
-                     on_message=partial(self._on_message, r), on_decode_error=partial(self._on_decode_error, r))
+        self._consumers = {
+            r.handler.queue: Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False,
+                                      auto_declare=False, on_message=partial(self._on_message, r),
+                                      on_decode_error=partial(self._on_decode_error, r))
             for r in self.routes
-        ]
+        }
+        self._active = set()
         if hub is None:
             self.consume()  # no event loop (synloop): nothing else will call consume()
 
@@ -85,16 +95,71 @@ class ServiceConsumer:
                 os.set_blocking(self._wake[0], False)
                 os.set_blocking(self._wake[1], False)
             self._hub.add_reader(self._wake[0], self._drain_mailbox)
-        for consumer in self._consumers:
-            consumer.consume()
+        for queue in list(self._consumers):
+            if not self.control.is_paused(queue):
+                self._subscribe(queue, None)
         logger.info("kombu-events: service %s consuming %s", self.settings.service,
-                    ", ".join(r.handler.queue for r in self.routes))
+                    ", ".join(sorted(self._active)) or "nothing (every queue is paused)")
+        self._started = True
+        self.control.attach(self._connection, self._hub)
+        if self.hooks.on_started:
+            self.hooks.started(self.control)
 
     def stop(self) -> None:
         """Stop receiving; keep channels so handlers still running can ack."""
-        for consumer in self._consumers:
+        for consumer in self._consumers.values():
             _quietly(consumer.cancel)
-        self._consumers = []
+        self._consumers = {}
+        self._active = set()
+        if self._started:
+            self._started = False
+            self.control.detach()
+            if self.hooks.on_stopped:
+                self.hooks.stopped(self.control)
+
+    # -- the Control's side (on the event loop) -------------------------------------------------
+
+    def pause_queue(self, queue: str) -> None:
+        """Cancel ``queue``'s consumer; prefetched messages are still handled and settled."""
+        consumer = self._consumers.get(queue)
+        if consumer is not None and queue in self._active:
+            self._active.discard(queue)
+            _quietly(consumer.cancel)
+
+    def resume_queue(self, queue: str, prefetch: int | None) -> None:
+        """Consume ``queue`` again (once the step runs), with ``prefetch`` messages in flight if given."""
+        consumer = self._consumers.get(queue)
+        if consumer is None or not self._started:
+            return  # not consuming now: consume() starts it, unless it is paused again by then
+        if queue in self._active:
+            _quietly(consumer.cancel)
+        self._subscribe(queue, prefetch)
+
+    def _subscribe(self, queue: str, prefetch: int | None) -> None:
+        """Start ``queue``'s consumer with ``prefetch`` (else its handler's own, else the service's)."""
+        consumer = self._consumers[queue]
+        if prefetch is None:
+            prefetch = self._prefetch.get(queue)
+        channel: Any = consumer.channel
+        if prefetch is not None:
+            channel.basic_qos(0, prefetch, False)  # applies to consumers started from now on
+        try:
+            consumer.consume()
+            self._active.add(queue)
+        finally:
+            if prefetch is not None:
+                _quietly(channel.basic_qos, 0, self.settings.prefetch_count, False)
+
+    def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the event loop thread (directly when already on it, or without a loop)."""
+        if self._wake is None or threading.get_ident() == self._loop_ident:
+            fn()
+            return
+        self._mailbox.append(fn)
+        try:
+            os.write(self._wake[1], b"\0")
+        except OSError:
+            pass  # a wake-up byte is already pending
 
     def shutdown(self) -> None:
         """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
@@ -166,13 +231,9 @@ class ServiceConsumer:
     def _post(self, *item: Any) -> None:
         """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
         if self._wake is None or threading.get_ident() == self._loop_ident:
-            self._settle(*item)
-            return
-        self._mailbox.append(item)
-        try:
-            os.write(self._wake[1], b"\0")
-        except OSError:
-            pass  # a wake-up byte is already pending
+            self._settle(*item)  # the common case, without building a callable per message
+        else:
+            self.call_soon_threadsafe(partial(self._settle, *item))
 
     def _drain_mailbox(self, *_: Any) -> None:
         try:
@@ -181,7 +242,7 @@ class ServiceConsumer:
         except OSError:
             pass
         while self._mailbox:
-            self._settle(*self._mailbox.popleft())
+            self._mailbox.popleft()()
 
     # -- carrying out the plan -----------------------------------------------------------------
 

@@ -7,8 +7,8 @@ turns the decision into the steps the consumer carries out.
 """
 from __future__ import annotations
 
-__all__ = ["Outcome", "Decision", "decide", "classify", "lost", "is_final", "OK", "FAILED", "RETRY", "ARCHIVE",
-           "UNDECODABLE", "LOST", "REDELIVERED", "DEFERRED"]
+__all__ = ["Outcome", "Decision", "decide", "classify", "lost", "is_final", "likely_action", "OK", "FAILED", "RETRY",
+           "ARCHIVE", "UNDECODABLE", "LOST", "REDELIVERED", "DEFERRED"]
 
 import random
 import traceback as tb
@@ -58,6 +58,17 @@ ACK = Decision("ack")
 def is_final(attempt: int, max_retries: int) -> bool:
     """Whether attempt ``attempt`` (1-based) is the last one a handler with ``max_retries`` gets."""
     return attempt > max_retries
+
+
+def likely_action(outcome: Outcome, *, final: bool) -> str:
+    """``retry`` or ``archive``: what the worker will most likely do after a failed attempt.
+
+    Told where the handler ran, before the worker decides: :func:`decide` may still
+    archive a retry whose delay does not fit the ladder, or a refused republish.
+    """
+    if final or outcome.kind in (ARCHIVE, UNDECODABLE):
+        return "archive"
+    return "retry"
 
 
 def decide(

@@ -1,7 +1,7 @@
 """Declare a topology on the broker, idempotently; conflicts become TopologyConflictError."""
 from __future__ import annotations
 
-__all__ = ["declare", "conflict_error"]
+__all__ = ["declare", "declare_queue", "conflict_error"]
 
 import logging
 import re
@@ -62,3 +62,8 @@ def _guard(kind: str, name: str, fn: Any) -> None:
         fn()
     except PreconditionFailed as exc:
         raise conflict_error(exc, kind, name) from exc
+
+
+def declare_queue(channel: Any, queue: Any) -> None:
+    """Declare one unbound kombu ``queue`` of a topology (no bindings) on ``channel``, e.g. one that expired."""
+    _guard("queue", queue.name, queue.bind(channel).queue_declare)

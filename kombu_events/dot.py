@@ -9,11 +9,13 @@ if TYPE_CHECKING:
     from .topology import Topology
 
 #: Queue arguments worth showing inside a queue's ellipse (the dead-letter ones become edges).
-_SHOWN = {"x-message-ttl": "ttl {} ms", "x-max-length": "max-length {}", "x-queue-type": "{} queue"}
+_SHOWN = {"x-message-ttl": "ttl {} ms", "x-max-length": "max-length {}", "x-queue-type": "{} queue",
+          "x-expires": "expires {} ms", "x-single-active-consumer": "single active consumer"}
 
 
 def to_dot(topology: Topology) -> str:
-    """Exchanges as boxes, queues as ellipses, bindings as labelled edges, dead-lettering dashed.
+    """Exchanges as boxes, queues as ellipses, bindings as labelled edges, dead-lettering dashed,
+    an exchange's alternate exchange dotted.
 
     The output depends only on the topology (bindings are sorted), so it can be
     committed or compared.
@@ -36,6 +38,11 @@ def to_dot(topology: Topology) -> str:
     for link in topology.exchange_bindings:
         lines.append(f"  {_id('exchange', link.source.name)} -> {_id('exchange', link.destination.name)} "
                      f"[label={_quote(link.routing_key)}, style=bold];")
+    for exchange in topology.exchanges:
+        alternate = (getattr(exchange, "arguments", None) or {}).get("alternate-exchange")
+        if alternate:
+            lines.append(f"  {_id('exchange', exchange.name)} -> {_id('exchange', str(alternate))} "
+                         f"[label=\"unroutable\", style=dotted];")
     for queue in topology.queues:
         args = _arguments(queue)
         if "x-dead-letter-exchange" in args:

@@ -8,7 +8,10 @@ __all__ = [
     "TopologyConflictError",
     "PublishError",
     "UnroutableError",
+    "ConfirmTimeoutError",
     "BrokerUnavailableError",
+    "BacklogError",
+    "BacklogFullError",
     "DecodeError",
     "HeaderError",
     "EncodeError",
@@ -49,8 +52,20 @@ class UnroutableError(PublishError):
         self.routing_key = routing_key
 
 
+class ConfirmTimeoutError(PublishError):
+    """The broker did not confirm in time: the message may or may not have arrived."""
+
+
 class BrokerUnavailableError(KombuEventsError):
     """The broker could not be reached (the URL in the message has its password masked)."""
+
+
+class BacklogError(KombuEventsError):
+    """The local backlog file could not be read or written (SQLite's error is the cause)."""
+
+
+class BacklogFullError(BacklogError, BrokerUnavailableError):
+    """The broker is unavailable and the local backlog is at its size limit: the event was not kept."""
 
 
 class DecodeError(KombuEventsError):

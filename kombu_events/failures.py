@@ -1,24 +1,34 @@
 """What a handler raises to steer its message: ``Retry``, ``Archive``, ``poisonous()``."""
 from __future__ import annotations
 
-__all__ = ["Retry", "Archive", "Poisoned", "poisonous"]
+__all__ = ["Retry", "Archive", "Poisoned", "poisonous", "seconds_to_ms"]
 
 from contextlib import contextmanager
+from datetime import datetime
 from decimal import Decimal
 from typing import Iterator
 
 
 class Retry(Exception):
-    """Retry this message after ``delay`` seconds (default: the handler's backoff).
+    """Retry this message after ``delay`` seconds, or at the wall-clock time ``at`` (default: the handler's backoff).
 
-    Still counts as an attempt: a message is never retried past ``max_retries``.
+    Still counts as an attempt: a message is never retried past ``max_retries``. ``at``
+    is a ``datetime`` (a naive one is local time); a time already past retries at once.
+    A delay beyond the ladder's reach archives the message, naming the delay.
     """
 
-    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+    def __init__(self, delay: float | None = None, reason: str = "", *, at: datetime | None = None) -> None:
+        if at is not None:
+            if delay is not None:
+                raise ValueError("Retry takes delay= or at=, not both")
+            delay = _seconds_until(at)
         if delay is not None and not _seconds(delay):
             raise ValueError(f"Retry(delay=...) takes seconds >= 0 or None, got {delay!r}")
-        super().__init__(reason or (f"retry in {delay:g} s" if delay is not None else "retry"))
+        default = f"retry at {at.isoformat()}" if at is not None else \
+            f"retry in {delay:g} s" if delay is not None else "retry"
+        super().__init__(reason or default)
         self.delay = delay
+        self.at = at
         self.reason = reason
 
     @property
@@ -31,7 +41,19 @@ class Retry(Exception):
         """
         if self.delay is None:
             return None
-        return float(Decimal(repr(float(self.delay))) * 1000)
+        return seconds_to_ms(self.delay)
+
+
+def seconds_to_ms(seconds: float) -> float:
+    """``seconds`` in milliseconds, converted as the decimal it was written as (``16.1`` is ``16100.0``)."""
+    return float(Decimal(repr(float(seconds))) * 1000)
+
+
+def _seconds_until(at: object) -> float:
+    if not isinstance(at, datetime):
+        raise ValueError(f"Retry(at=...) takes a datetime, got {at!r}")
+    now = datetime.now(at.tzinfo) if at.tzinfo is not None else datetime.now()
+    return max(0.0, (at - now).total_seconds())
 
 
 def _seconds(delay: object) -> bool:

@@ -17,6 +17,7 @@ from .decision import Outcome
 from .errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from .control import Control
     from .delivery import Delivery
     from .event import Event
     from .plan import Step
@@ -29,9 +30,20 @@ T = TypeVar("T")
 class Middleware:
     """Base class of middleware: every hook is a documented no-op.
 
-    Main-process hooks: :meth:`received`, :meth:`before_dispatch`, :meth:`settled`,
-    :meth:`before_publish`, :meth:`after_publish`. Pool-side hook: :meth:`handling`.
+    Main-process hooks: :meth:`started`, :meth:`received`, :meth:`before_dispatch`, :meth:`settled`,
+    :meth:`stopped`, :meth:`before_publish`, :meth:`after_publish`, :meth:`after_store`. Pool-side hooks:
+    :meth:`admit`, :meth:`handling`.
     """
+
+    def started(self, control: Control) -> None:
+        """The worker's events step started consuming this service (main process, on the event loop).
+
+        Called again after every reconnect. ``control`` pauses and resumes the service's
+        queues and sets timers (cancelled when the step stops): see :class:`~kombu_events.control.Control`.
+        """
+
+    def stopped(self, control: Control) -> None:
+        """The step stopped consuming (connection lost, or the worker stops); its timers are cancelled."""
 
     def received(self, delivery: Delivery) -> None:
         """A message arrived on a handler queue (main process, on the event loop: be quick)."""
@@ -44,6 +56,16 @@ class Middleware:
         """
         return None
 
+    def admit(self, queue: str) -> Outcome | None:
+        """Pool side, before a message of ``queue`` is decoded: an Outcome settles it without its handler.
+
+        The pool-side twin of :meth:`before_dispatch`, for messages handed to the pool
+        before the main process changed its mind (a circuit that opened meanwhile). It
+        runs where handlers run, so it sees the main process's state only through what
+        was shared before the pool forked. The first middleware that returns one wins.
+        """
+        return None
+
     def settled(self, delivery: Delivery, outcome: Outcome, step: Step) -> None:
         """The message is settled: ``step`` is what took effect (Ack, Republish or Hold) (main process)."""
 
@@ -52,7 +74,14 @@ class Middleware:
 
     def after_publish(self, exchange: str, routing_key: str, properties: Mapping[str, Any],
                       error: Exception | None) -> None:
-        """``events.publish`` finished: ``error`` is None once the broker confirmed the event."""
+        """``events.publish`` finished: ``error`` is None once the broker confirmed the event.
+
+        With a backlog, an event stored locally gets :meth:`after_store` instead, and
+        ``after_publish`` later, when the flusher publishes it (in the process that flushes).
+        """
+
+    def after_store(self, exchange: str, routing_key: str, properties: Mapping[str, Any]) -> None:
+        """``events.publish`` stored the event in the local backlog: the broker has not confirmed it yet."""
 
     def handling(self, event: Event) -> AbstractContextManager[Any]:
         """Context manager around one handler call, in the process that runs it (pool side)."""
@@ -68,30 +97,49 @@ class Hooks:
     """The middleware of one service, grouped by hook: a hook nobody overrides costs nothing."""
 
     def __init__(self, middleware: Iterable[Middleware] = ()) -> None:
-        self.middleware = tuple(middleware)
-        for m in self.middleware:
+        self._group(tuple(middleware))
+
+    def add(self, middleware: Middleware) -> None:
+        """Append ``middleware`` after those already registered (e.g. the worker's own metrics).
+
+        Call it before the pool forks, as for middleware given to ``Events``: every
+        route of the service shares this object, so they all see it.
+        """
+        self._group((*self.middleware, middleware))
+
+    def _group(self, middleware: tuple[Middleware, ...]) -> None:
+        for m in middleware:
             if not isinstance(m, Middleware):
                 raise ConfigurationError(f"middleware must be Middleware instances, got {m!r}")
+        self.middleware = middleware
+        self.on_started = _overriding(self.middleware, "started")
+        self.on_stopped = _overriding(self.middleware, "stopped")
         self.on_received = _overriding(self.middleware, "received")
         self.on_before_dispatch = _overriding(self.middleware, "before_dispatch")
+        self.on_admit = _overriding(self.middleware, "admit")
         self.on_settled = _overriding(self.middleware, "settled")
         self.on_before_publish = _overriding(self.middleware, "before_publish")
         self.on_after_publish = _overriding(self.middleware, "after_publish")
+        self.on_after_store = _overriding(self.middleware, "after_store")
         self.on_handling = _overriding(self.middleware, "handling")
+
+    def started(self, control: Control) -> None:
+        for m in self.on_started:
+            _guarded(m.started, control)
+
+    def stopped(self, control: Control) -> None:
+        for m in self.on_stopped:
+            _guarded(m.stopped, control)
 
     def received(self, delivery: Delivery) -> None:
         for m in self.on_received:
             _guarded(m.received, delivery)
 
     def before_dispatch(self, delivery: Delivery) -> Outcome | None:
-        for m in self.on_before_dispatch:
-            outcome = _guarded(m.before_dispatch, delivery)
-            if isinstance(outcome, Outcome):
-                return outcome
-            if outcome is not None:
-                logger.error("kombu-events: %r.before_dispatch returned %r, not an Outcome or None; ignored",
-                             m, outcome)
-        return None
+        return _first_outcome(self.on_before_dispatch, "before_dispatch", delivery)
+
+    def admit(self, queue: str) -> Outcome | None:
+        return _first_outcome(self.on_admit, "admit", queue)
 
     def settled(self, delivery: Delivery, outcome: Outcome, step: Step) -> None:
         for m in self.on_settled:
@@ -105,6 +153,10 @@ class Hooks:
                       error: Exception | None) -> None:
         for m in self.on_after_publish:
             _guarded(m.after_publish, exchange, routing_key, properties, error)
+
+    def after_store(self, exchange: str, routing_key: str, properties: Mapping[str, Any]) -> None:
+        for m in self.on_after_store:
+            _guarded(m.after_store, exchange, routing_key, properties)
 
     def around(self, event: Event, call: Callable[[], T]) -> T:
         """``call()`` inside every ``handling(event)`` context; a failing context is skipped.
@@ -126,6 +178,17 @@ class Hooks:
             raise
         _exit_all(entered, None, None, None)
         return result
+
+
+def _first_outcome(middleware: tuple[Middleware, ...], hook: str, argument: Any) -> Outcome | None:
+    """The first Outcome that ``hook`` of ``middleware`` returns, or None."""
+    for m in middleware:
+        outcome = _guarded(getattr(m, hook), argument)
+        if isinstance(outcome, Outcome):
+            return outcome
+        if outcome is not None:
+            logger.error("kombu-events: %r.%s returned %r, not an Outcome or None; ignored", m, hook, outcome)
+    return None
 
 
 def _exit_all(entered: list[AbstractContextManager[Any]], *exc_info: Any) -> None:

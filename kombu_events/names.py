@@ -9,6 +9,13 @@ __all__ = [
     "delay_prefix",
     "delivery_exchange",
     "archive_name",
+    "deferred_name",
+    "deferred_exchange",
+    "unrouted_name",
+    "schedule_prefix",
+    "schedule_queue",
+    "schedule_state",
+    "STATE_SUFFIX",
 ]
 
 import unicodedata
@@ -64,3 +71,40 @@ def delivery_exchange(service: str) -> str:
 def archive_name(service: str) -> str:
     """Exchange and queue of the archive: ``<service>.archive``."""
     return f"{service}.archive"
+
+
+def deferred_name(exchange: str, level: int) -> str:
+    """Exchange and queue of one level of an events exchange's own ladder: ``<exchange>.deferred.<level>``.
+
+    Delayed publishing waits here: one ladder per events exchange, shared by every service.
+    """
+    return f"{deferred_exchange(exchange)}.{level}"
+
+
+def deferred_exchange(exchange: str) -> str:
+    """Exchange where delayed events come due and are routed by their own key: ``<exchange>.deferred``."""
+    return f"{exchange}.deferred"
+
+
+def unrouted_name(exchange: str) -> str:
+    """Exchange and queue of delayed events that no queue was bound for when due: ``<exchange>.unrouted``."""
+    return f"{exchange}.unrouted"
+
+
+#: What the state queue of a schedule adds to its token queue's name (a schedule's own name may not end so).
+STATE_SUFFIX = ".state"
+
+
+def schedule_prefix(service: str) -> str:
+    """What the names of every schedule queue of a service start with: ``<service>.schedule.``."""
+    return f"{service}.schedule."
+
+
+def schedule_queue(service: str, schedule: str) -> str:
+    """Token queue of a periodic schedule: ``<service>.schedule.<schedule>``."""
+    return f"{schedule_prefix(service)}{schedule}"
+
+
+def schedule_state(service: str, schedule: str) -> str:
+    """State queue of a periodic schedule (its last run, one message): ``<service>.schedule.<schedule>.state``."""
+    return f"{schedule_queue(service, schedule)}{STATE_SUFFIX}"

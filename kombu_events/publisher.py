@@ -1,7 +1,7 @@
 """Confirmed, mandatory publishing from application code (``Events.publish``, the CLI)."""
 from __future__ import annotations
 
-__all__ = ["Publisher", "build_message"]
+__all__ = ["Publisher", "build_message", "addressed"]
 
 import json
 import logging
@@ -16,9 +16,19 @@ from amqp import Message
 from amqp.exceptions import NotFound
 from kombu import Connection
 
+from . import headers as wire
 from .confirms import RETURNED, Confirmer
-from .errors import BrokerUnavailableError, EncodeError, PublishError, UnroutableError
+from .errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    ConfirmTimeoutError,
+    EncodeError,
+    PublishError,
+    UnroutableError,
+)
+from .failures import seconds_to_ms
 from .logs import safe_url
+from .topology import Topology
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +58,21 @@ def build_message(
     if correlation_id:
         properties["correlation_id"] = correlation_id
     return Message(body, **properties)
+
+
+def addressed(topology: Topology, routing_key: str, message: Message, delay_s: float = 0) -> tuple[str, str]:
+    """(exchange, routing key) to publish ``message`` to for an event ``routing_key`` after ``delay_s``.
+
+    No delay: the events exchange. A delay: the events exchange's own ladder; the
+    event's key goes in a header, so handlers see it, not the ladder's.
+    """
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not delay_s >= 0:
+        raise ConfigurationError(f"delay must be a number of seconds >= 0, got {delay_s!r}")
+    if not delay_s:
+        return topology.settings.exchange, routing_key
+    address = topology.publish_address(routing_key, seconds_to_ms(delay_s))
+    message.properties["application_headers"][wire.ROUTING_KEY] = routing_key
+    return address.exchange, address.routing_key
 
 
 class Publisher:
@@ -119,7 +144,8 @@ class Publisher:
         while confirmer.pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PublishError(f"{confirmer.pending} publish(es) not confirmed within {self.confirm_timeout} s")
+                raise ConfirmTimeoutError(
+                    f"{confirmer.pending} publish(es) not confirmed within {self.confirm_timeout} s")
             try:
                 connection.drain_events(timeout=min(remaining, 1.0))
             except socket.timeout:

@@ -23,6 +23,7 @@ class Published(NamedTuple):
     body: bytes
     properties: Mapping[str, Any]
     queues: tuple[str, ...]  #: the handler queues it was routed to (none: unroutable)
+    delay_ms: float = 0  #: how long it waits before it is delivered (``publish(..., delay=...)``)
 
     @property
     def headers(self) -> Mapping[str, Any]:

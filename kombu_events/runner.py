@@ -46,6 +46,10 @@ def run(queue: str, body: bytes, content_type: str | None, content_encoding: str
 def _run(route: Route, queue: str, body: bytes, content_type: str | None, content_encoding: str | None,
          meta: Meta | None, final: bool) -> decision.Outcome:
     handler = route.handler
+    if route.hooks.on_admit:
+        refused = route.hooks.admit(queue)
+        if refused is not None:
+            return refused
     try:
         compression = meta[2].get("compression") if meta else None
         if compression is not None:
@@ -55,11 +59,9 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
         return decision.Outcome(decision.UNDECODABLE, str(exc), f"{type(exc).__name__}: {exc}")
     hooks = route.hooks
     event = None
-    if handler.bind or hooks.on_handling or _pool_signals_connected():
-        routing_key, attempt, headers, properties = meta or ("", 0, {}, {})
-        # Copies: under the solo and threads pools these are the delivery's own, which a retry or
-        # archive copy is built from; what a handler changes must not leak into it.
-        event = Event(payload, routing_key, queue, attempt, dict(headers), dict(properties), body)
+    # Only a failure needs an Event for handler_failed (e.g. Sentry's receiver): built then, not per message.
+    if handler.bind or hooks.on_handling or signals.handler_started.receivers or signals.handler_succeeded.receivers:
+        event = _event(payload, queue, meta, body)
         if signals.handler_started.receivers:
             signals.handler_started.send(sender=handler.fn, event=event)
     argument = event if handler.bind else payload
@@ -71,11 +73,15 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
             handler.fn(argument)
     except Exception as exc:
         duration_ms = (time.perf_counter() - started) * 1000
+        outcome = decision.classify(exc, retry_for=handler.retry_for, dont_retry=handler.dont_retry,
+                                    traceback_limit=route.traceback_limit, final=final, duration_ms=duration_ms)
         if signals.handler_failed.receivers:
+            if event is None:
+                event = _event(payload, queue, meta, body)
             signals.handler_failed.send(sender=handler.fn, event=event, exception=exc, traceback=exc.__traceback__,
-                                        duration_ms=duration_ms)
-        return decision.classify(exc, retry_for=handler.retry_for, dont_retry=handler.dont_retry,
-                                 traceback_limit=route.traceback_limit, final=final, duration_ms=duration_ms)
+                                        duration_ms=duration_ms, outcome=outcome,
+                                        action=decision.likely_action(outcome, final=final))
+        return outcome
     duration_ms = (time.perf_counter() - started) * 1000
     if signals.handler_succeeded.receivers:
         signals.handler_succeeded.send(sender=handler.fn, event=event, duration_ms=duration_ms)
@@ -89,6 +95,9 @@ def _timed(fn: Callable[[Any], Any], argument: Any) -> float:
     return started
 
 
-def _pool_signals_connected() -> bool:
-    return bool(signals.handler_started.receivers or signals.handler_succeeded.receivers
-                or signals.handler_failed.receivers)
+def _event(payload: Any, queue: str, meta: Meta | None, body: bytes) -> Event:
+    """The Event a bound handler, a ``handling`` middleware or a pool signal gets."""
+    routing_key, attempt, headers, properties = meta or ("", 0, {}, {})
+    # Copies: under the solo and threads pools these are the delivery's own, which a retry or
+    # archive copy is built from; what a handler changes must not leak into it.
+    return Event(payload, routing_key, queue, attempt, dict(headers), dict(properties), body)

@@ -13,7 +13,7 @@ Celery integrations read task attributes from their sender, which a handler has 
 from __future__ import annotations
 
 __all__ = ["TypedSignal", "handler_started", "handler_succeeded", "handler_failed", "message_settled",
-           "event_published"]
+           "event_published", "event_stored", "circuit_changed"]
 
 from typing import Any, Callable, Protocol, TypeVar, overload
 
@@ -51,9 +51,12 @@ handler_started: TypedSignal = Signal(name="handler_started", providing_args={"e
 handler_succeeded: TypedSignal = Signal(name="handler_succeeded", providing_args={"event", "duration_ms"})
 
 #: Pool side, after a handler raised. Adds ``exception`` (the exception object), ``traceback``
-#: (its traceback object) and ``duration_ms``.
+#: (its traceback object), ``duration_ms``, ``outcome`` (the :class:`~kombu_events.decision.Outcome`
+#: the attempt ended with) and ``action``: ``retry`` or ``archive``, what the worker will most likely
+#: do with the message (:func:`~kombu_events.decision.likely_action`; ``message_settled`` tells what it did).
 handler_failed: TypedSignal = Signal(name="handler_failed",
-                                     providing_args={"event", "exception", "traceback", "duration_ms"})
+                                     providing_args={"event", "exception", "traceback", "duration_ms", "outcome",
+                                                     "action"})
 
 #: Main process, once a message is settled. sender: the handler function. Arguments: ``queue``,
 #: ``routing_key``, ``message_id``, ``attempt``, ``action`` (ack, retry, requeue, archive or
@@ -64,6 +67,18 @@ message_settled: TypedSignal = Signal(name="message_settled", providing_args={
     "outcome"})
 
 #: Where ``events.publish``/``publish_many`` run, once per event. sender: the ``Events``. Arguments:
-#: ``exchange``, ``routing_key``, ``message_id``, ``properties``, ``error`` (None once confirmed).
+#: ``exchange``, ``routing_key``, ``message_id``, ``properties``, ``error`` (None once confirmed). With a
+#: backlog, an event stored locally sends ``event_stored`` instead, and this one when the flusher
+#: publishes it (in the process that flushes).
 event_published: TypedSignal = Signal(name="event_published", providing_args={
     "exchange", "routing_key", "message_id", "properties", "error"})
+
+#: With a backlog, where ``events.publish``/``publish_many`` run, once per event stored locally (not
+#: yet confirmed; ``event_published`` follows when the flusher publishes it). sender: the ``Events``.
+#: Arguments: ``exchange``, ``routing_key``, ``message_id``, ``properties``.
+event_stored: TypedSignal = Signal(name="event_stored", providing_args={
+    "exchange", "routing_key", "message_id", "properties"})
+
+#: Main process, when a handler's circuit breaker changes state. sender: the handler function.
+#: Arguments: ``queue``, ``state`` (closed, open or half_open), ``previous``, ``reason``.
+circuit_changed: TypedSignal = Signal(name="circuit_changed", providing_args={"queue", "state", "previous", "reason"})

@@ -1,7 +1,7 @@
 """Depth and consumers of every queue of a service: handler queues, delay levels, archive."""
 from __future__ import annotations
 
-__all__ = ["QueueStatus", "gather"]
+__all__ = ["QueueStatus", "gather", "queue_state", "CONSUMING", "PAUSED"]
 
 import base64
 import json
@@ -18,26 +18,40 @@ from .topology import Topology
 logger = logging.getLogger(__name__)
 
 
+CONSUMING = "consuming"
+#: A handler queue with no consumer: its worker paused it (an open circuit breaker), or no worker runs.
+PAUSED = "paused"
+
+
 @dataclass
 class QueueStatus:
-    """Counts of one queue; ``unacked`` is None when the management API is not reachable."""
+    """Counts of one queue; ``unacked`` is None when the management API is not reachable.
+
+    ``state`` (handler queues only, else None): ``consuming``, or ``paused`` when it has no consumer.
+    """
 
     queue: str
-    role: str  # handler | delay | archive
+    role: str  # handler | delay | archive | deferred | unrouted | schedule | state
     ready: int | None
     unacked: int | None
     consumers: int | None
     exists: bool = True
+    state: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
         return asdict(self)
 
 
+def queue_state(role: str, consumers: int | None) -> str | None:
+    """``paused`` for a handler queue nobody consumes, ``consuming`` for one with a consumer, else None."""
+    if role != "handler" or consumers is None:
+        return None
+    return CONSUMING if consumers else PAUSED
+
+
 def _roles(topology: Topology) -> list[tuple[str, str]]:
-    handler = [(q.name, "handler") for q in topology.handler_queues]
-    rest = topology.queues[len(handler):]
-    return handler + [(q.name, "delay") for q in rest[:-1]] + [(rest[-1].name, "archive")]
+    return [(q.name, topology.role(q.name)) for q in topology.queues]
 
 
 def _management(connection: Any, queue: str, base_url: str) -> dict[str, Any] | None:
@@ -74,5 +88,5 @@ def gather(connection: Any, topology: Topology, management_url: str | None = Non
         api = _management(connection, name, management_url) if use_api else None
         use_api = api is not None
         unacked = api.get("messages_unacknowledged") if api else None
-        found.append(QueueStatus(name, role, ready, unacked, consumers))
+        found.append(QueueStatus(name, role, ready, unacked, consumers, state=queue_state(role, consumers)))
     return found

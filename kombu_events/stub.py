@@ -21,7 +21,7 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from . import decision, registry, runner, signals, topic
+from . import decision, names, registry, runner, signals, topic
 from .codec import JSON
 from .delivery import Delivery, read_delivery
 from .errors import ConfigurationError, KombuEventsError, PublishError, UnroutableError
@@ -169,17 +169,31 @@ class StubEvents:
 
     def _route(self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any],
                mandatory: bool) -> PublishError | None:
-        """Enqueue a copy now for every handler queue bound to ``routing_key`` on ``exchange``."""
+        """Enqueue a copy for every handler queue bound to ``routing_key`` on ``exchange``: now, or when a
+        delayed publish (to the exchange's own ladder) comes due; an unroutable delayed one is only recorded."""
+        exchange, routing_key, delay_ms = self._undelayed(exchange, routing_key)
+        mandatory = mandatory and not delay_ms  # the broker takes it into the ladder; unrouted only when due
         queues = [handler.queue for events in registry.services_of(self.app) if events.settings.exchange == exchange
                   for handler in events.handlers if any(topic.matches(k, routing_key) for k in handler.binding_keys)]
-        self.published.append(Published(exchange, routing_key, body, properties, tuple(queues)))
+        self.published.append(Published(exchange, routing_key, body, properties, tuple(queues), delay_ms))
         for queue in queues:
-            self._push(self._now_ms, routing_key, Pending(0.0, queue, routing_key, body, copy.deepcopy(properties)))
+            self._push(self._now_ms + delay_ms, routing_key,
+                       Pending(0.0, queue, routing_key, body, copy.deepcopy(properties)))
         if queues or not mandatory:
             return None
         return UnroutableError(f"event {routing_key!r} published to exchange {exchange!r} was not routed to any "
                                "queue (no handler is bound with a matching key)", exchange=exchange,
                                routing_key=routing_key)
+
+    def _undelayed(self, exchange: str, routing_key: str) -> tuple[str, str, float]:
+        """(events exchange, event key, delay in ms) of a message published to an exchange's ladder."""
+        for events in registry.services_of(self.app):
+            s = events.settings
+            if s.publish_delay_levels and exchange.startswith(names.deferred_exchange(s.exchange) + "."):
+                words = routing_key.split(".")
+                units = int("".join(words[:s.publish_delay_levels]), 2)
+                return s.exchange, ".".join(words[s.publish_delay_levels:]), units * s.publish_delay_unit_ms
+        return exchange, routing_key, 0.0
 
     def _push(self, due_ms: float, delivered_with: str, message: Pending) -> None:
         queued = _Queued(due_ms, next(self._seq), delivered_with, message._replace(due=due_ms / 1000))

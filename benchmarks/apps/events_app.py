@@ -4,6 +4,8 @@
 publishes to it. Handler ``h<k>`` consumes ``<service>.h<k>``, bound to ``bench.<k>``.
 Modes: ``noop`` (count and return), ``latency`` (also record publish -> start),
 ``fail_once`` (raise on the first attempt), ``wait`` (first attempt: ``Retry(delay=KEB_WAIT_S)``).
+``KEB_TRACING=1`` adds :class:`~kombu_events.tracing.TracingMiddleware` (needs ``opentelemetry-sdk``);
+``KEB_TRACING=0.1`` samples 10 % of traces.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any, Callable
 from celery import Celery
 
 from benchmarks import probe
-from kombu_events import Constant, Events, Retry
+from kombu_events import Constant, Events, Middleware, Retry
 
 #: Delay unit and retry delay of ``fail_once``: short, so the run measures the ladder's
 #: round trip (republish, confirm, ack, dead-letter back) rather than a wait.
@@ -58,11 +60,40 @@ def _handler(mode: str, wait_s: float) -> tuple[Callable[..., Any], dict[str, An
     raise ValueError(f"unknown mode {mode!r}; use noop, latency, fail_once or wait")
 
 
+def _tracing(ratio: float) -> Middleware:
+    """TracingMiddleware on the OpenTelemetry SDK, spans batched to an exporter that drops them.
+
+    ``ratio`` < 1: the SDK's ``ParentBased(TraceIdRatioBased(ratio))`` sampler, as a busy service would run.
+
+    What a traced service pays in the worker: a span per handler call, its attributes,
+    the context read from the headers, and the batch processor's queue.
+    """
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from kombu_events.tracing import TracingMiddleware
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio))) if ratio < 1 else TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    return TracingMiddleware(provider)
+
+
 def build(app: Celery, *, service: str, exchange: str, mode: str = "noop", queues: int = 1,
-          wait_s: float = 120) -> Events:
-    """The benchmark service: ``queues`` handlers of ``mode`` on ``app``."""
-    settings = {"delay_unit_ms": FAIL_ONCE_UNIT_MS} if mode == "fail_once" else {}
-    events = Events(app, service=service, exchange=exchange, **settings)
+          wait_s: float = 120, tracing: float = 0) -> Events:
+    """The benchmark service: ``queues`` handlers of ``mode`` on ``app``.
+
+    ``tracing``: with TracingMiddleware, sampling that share of new traces (1: every one).
+    """
+    settings: dict[str, Any] = {"delay_unit_ms": FAIL_ONCE_UNIT_MS} if mode == "fail_once" else {}
+    if os.environ.get("KEB_PUBLISH_DELAY_UNIT_MS"):  # benchmarks.delayed: its own ladder unit
+        settings["publish_delay_unit_ms"] = int(os.environ["KEB_PUBLISH_DELAY_UNIT_MS"])
+    middleware = [_tracing(tracing)] if tracing else []
+    events = Events(app, service=service, exchange=exchange, middleware=middleware, **settings)
     for k in range(queues):
         fn, options = _handler(mode, wait_s)
         events.handler(routing_key(k), name=f"h{k}", **options)(fn)
@@ -82,4 +113,4 @@ if "KEB_SERVICE" in os.environ:  # imported by the worker
     app = make_app("kebench", os.environ["KEB_BROKER"], os.environ["KEB_TASKQ"])
     events = build(app, service=os.environ["KEB_SERVICE"], exchange=os.environ["KEB_EXCHANGE"],
                    mode=os.environ.get("KEB_MODE", "noop"), queues=int(os.environ.get("KEB_QUEUES", "1")),
-                   wait_s=float(os.environ.get("KEB_WAIT_S", "120")))
+                   wait_s=float(os.environ.get("KEB_WAIT_S", "120")), tracing=float(os.environ.get("KEB_TRACING") or 0))

@@ -13,6 +13,7 @@ events = Events(
     max_retries=2,      # 1 attempt + 2 retries, then the archive
     backoff=Exponential(base_ms=1000, max_delay_ms=4000),  # 1 s, then 2 s
     delay_levels=4,     # a ladder of 4 levels of 1 s: delays up to 15 s
+    publish_delay_levels=4,  # the same for events.publish(..., delay=...) on "events"
 )
 
 

@@ -1,9 +1,12 @@
 """Fixtures of the integration tests."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from .harness import Project
+from .private_broker import PrivateBroker
 
 
 @pytest.fixture
@@ -27,3 +30,35 @@ def make_project(tmp_path, broker_url):
             errors.append(exc)
     if errors:
         raise errors[0]
+
+
+@pytest.fixture(scope="session")
+def private_broker_session(tmp_path_factory):
+    """A RabbitMQ node of this session's own (scripts/rabbitmq-cluster), stopped at the end, no VM left behind.
+
+    Skips locally when it cannot start; fails under CI=true.
+    """
+    broker = PrivateBroker(tmp_path_factory.mktemp("rabbitmq"))
+    try:
+        broker.start()
+    except Exception as exc:
+        try:
+            broker.stop()  # whatever did start, and any VM of it left behind
+        except Exception as stop_error:
+            exc = RuntimeError(f"{exc}; then stopping it failed too: {stop_error}")
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the private RabbitMQ node did not start (CI=true: must not skip): {exc}")
+        pytest.skip(f"the private RabbitMQ node did not start: {exc}")
+    yield broker
+    strays = broker.stop()
+    assert not strays, f"beam processes of {broker.name} outlived `rabbitmq-cluster stop` (killed): {strays}"
+
+
+@pytest.fixture
+def private_broker(private_broker_session):
+    """The session's private node, its app running when the test starts and when it ends."""
+    if not private_broker_session.app_running:
+        private_broker_session.start_app()
+    yield private_broker_session
+    if not private_broker_session.app_running:
+        private_broker_session.start_app()

@@ -254,12 +254,13 @@ def _names(broker_url: str, kind: str) -> list[str]:
 
 
 def delete_service(broker_url: str, service: str, exchanges: tuple[str, ...] = ()) -> None:
-    """Delete every queue and exchange named ``<service>`` or ``<service>.*`` (and ``exchanges``)."""
+    """Delete every queue and exchange named ``<service>`` or ``<service>.*`` (and ``exchanges``, with the
+    ``<exchange>.*`` entities of their delayed-publishing ladders)."""
     def mine(name: str) -> bool:
-        return name == service or name.startswith(service + ".")
+        return any(name == owner or name.startswith(owner + ".") for owner in (service, *exchanges))
 
     queues = [n for n in _names(broker_url, "queues") if mine(n)]
-    names = [n for n in _names(broker_url, "exchanges") if mine(n)] + list(exchanges)
+    names = sorted({n for n in _names(broker_url, "exchanges") if mine(n)} | set(exchanges))
     with Connection(broker_url) as conn:
         for name in queues:
             conn.default_channel.queue_delete(name)

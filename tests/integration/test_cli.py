@@ -32,6 +32,8 @@ CLOSED_PORT_URL = "amqp://guest:guest@127.0.0.1:5999//"
 PASSWORD = "s3cr3t-pw"
 UNREACHABLE_URL = f"amqp://user:{PASSWORD}@127.0.0.1:1//"  # a closed port: refused at once
 
+PUBLISH_LEVELS = 16  # the default publish_delay_levels
+
 APP = f"""
 FLAG = RECORDS + ".fail"
 
@@ -144,7 +146,9 @@ def test_declare_dry_run_prints_the_plan_without_connecting(make_project):
     assert f"<- exchange {project.exchange} key='orders.#'" in out
     assert f"<- exchange {project.exchange} key='users.#'" in out
     assert f"<- exchange {s}.delivery key='{'*.' * LEVELS}{s}.orders'" in out
-    assert out.count("bind exchange ") == LEVELS
+    assert out.count(f"bind exchange {s}.") == LEVELS
+    assert out.count(f"bind exchange {project.exchange}.deferred") == PUBLISH_LEVELS  # the exchange's own ladder
+    assert f"<- exchange {project.exchange}.deferred key='{'*.' * PUBLISH_LEVELS}orders.#'" in out
     assert service_entities(project, "queues") == []  # nothing was declared
     assert project.exchange not in _names(project.broker_url, "exchanges")
 
@@ -157,7 +161,9 @@ def test_declare_dry_run_format_dot_prints_a_graph_without_connecting(make_proje
     assert f'"exchange:{project.exchange}" [shape=box' in out
     assert f'"queue:{s}.orders" [shape=ellipse' in out
     assert f'"exchange:{project.exchange}" -> "queue:{s}.orders" [label="orders.#"];' in out
-    assert out.count("style=bold") == LEVELS and out.count("style=dashed") == LEVELS + 2
+    assert out.count("style=bold") == LEVELS + PUBLISH_LEVELS
+    assert out.count("style=dashed") == LEVELS + 2 + PUBLISH_LEVELS
+    assert out.count("style=dotted") == 1  # the due exchange's alternate, <exchange>.unrouted
     assert out == cli(project, "--broker", CLOSED_PORT_URL, "declare", "--dry-run", "--format", "dot").stdout
     assert service_entities(project, "queues") == []  # nothing was declared
 
@@ -210,8 +216,10 @@ def test_status_shows_every_queue_and_alerts_on_the_archive(make_project):
     wait_for(lambda: "messages_unacknowledged" in management_queue(project.broker_url, queue(project, "orders")),
              timeout=10, interval=0.2, what="management statistics of the orders queue")
     rows = {r["queue"]: r for r in json.loads(cli(project, "status", "--json").stdout)}
-    assert len(rows) == LEVELS + 3
-    assert {r["role"] for r in rows.values()} == {"handler", "delay", "archive"}
+    assert len(rows) == LEVELS + 3 + PUBLISH_LEVELS + 1
+    assert {r["role"] for r in rows.values()} == {"handler", "delay", "archive", "deferred", "unrouted"}
+    assert rows[f"{project.exchange}.unrouted"]["role"] == "unrouted"
+    assert all(rows[f"{project.exchange}.deferred.{n}"]["role"] == "deferred" for n in range(PUBLISH_LEVELS))
     orders, archive = rows[queue(project, "orders")], rows[queue(project, "archive")]
     assert orders["role"] == "handler" and orders["consumers"] == 1 and orders["ready"] == 0
     assert orders["unacked"] == 0  # from the management API

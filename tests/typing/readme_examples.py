@@ -5,6 +5,8 @@ way a user's own mypy sees it. Keep it in step with README.md; pytest does not c
 """
 from __future__ import annotations
 
+import logging
+from datetime import timedelta
 from typing import Any, Callable
 
 from celery import Celery
@@ -20,6 +22,7 @@ from kombu_events import (
     KombuEventsError,
     Middleware,
     Outcome,
+    Published,
     PublishError,
     Retry,
     UnroutableError,
@@ -70,6 +73,11 @@ def on_invoice(payload: dict[str, Any]) -> None:
         validate(payload)
 
 
+@events.handler("ledger.#", prefetch=1, single_active_consumer=True)   # one at a time, in order, fleet-wide
+def on_ledger(payload: dict[str, Any]) -> None:
+    store(str(payload))
+
+
 @events.handler("reports.#", name="reports", backoff=Constant(every_ms=5000), raw=True)
 def on_report(body: bytes) -> None:
     store(body.decode("utf-8"))
@@ -112,7 +120,8 @@ def publish_examples() -> list[str]:
     with_options: str = events.publish(
         "billing.invoice.paid", {"id": 8}, headers={"source": "readme"}, message_id="m-8", correlation_id="c-8",
     )
-    batch: list[str] = events.publish_many([("billing.invoice.paid", {"id": 9}), ("billing.invoice.void", {"id": 9})])
+    batch: list[Published] = events.publish_many([("billing.invoice.paid", {"id": 9}),
+                                                  ("billing.invoice.void", {"id": 9})])
     created: str = invoice_created(7, amount_cents=1200)
     try:
         events.publish("nobody.listens", {})
@@ -127,6 +136,29 @@ def publish_examples() -> list[str]:
 
 if __name__ == "__main__":
     events.publish("billing.invoice.paid", {"id": 7})
+
+
+def backlog_example(log: logging.Logger) -> Published:
+    """The README's backlog= example."""
+    events = Events(app, service="billing", backlog="/var/lib/billing/events-backlog.sqlite3")
+
+    result = events.publish("billing.invoice.paid", {"id": 7})
+    if result.stored_locally:      # the broker is unreachable: kept in the local backlog
+        log.info("invoice %s: event %s stored locally", 7, result)
+    return result
+
+
+# -- Periodic events ------------------------------------------------------------------------------
+
+def build_report(period: int) -> None: ...
+
+
+@events.periodic("reports.hourly", every=timedelta(hours=1))   # or every=3600; start=, catch_up=
+def hourly_report(event: Event) -> None:
+    build_report(event.payload["period"])   # {"schedule", "period", "due", "missed", "missed_count"}
+
+
+hourly_report(Event({"period": 1}, "reports.hourly", "billing.schedule.reports.hourly", 1))
 
 
 # -- Testing ----------------------------------------------------------------------------------------

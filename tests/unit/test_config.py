@@ -1,6 +1,7 @@
 """config.py: defaults, precedence, validation and the broker URL."""
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import celery
@@ -90,6 +91,8 @@ def test_environ_defaults_to_os_environ(monkeypatch):
         ({"traceback_limit": -1}, "traceback_limit", "0 .. 60000"),
         ({"queue_type": "lazy"}, "queue_type", "classic, quorum"),
         ({"queue_type": "Quorum"}, "queue_type", "classic, quorum"),
+        ({"django_connections": "never"}, "django_connections='never'", "close, max_age, off"),
+        ({"django_connections": False}, "django_connections=False", "close, max_age, off"),
         ({"exchange": ""}, "exchange", "non-empty string"),
         ({"exchange": "events.*"}, "exchange", "letters, digits"),
         ({"exchange": "events.#"}, "exchange", "letters, digits"),
@@ -205,3 +208,35 @@ def test_broker_url_precedence(app, explicit, environ, expected):
 def test_an_unknown_serializer_name_in_accept_content_fails_at_start_up():
     with pytest.raises(ConfigurationError, match=r"accept_content=.*jsonx"):
         Settings(service="billing", accept_content=["jsonx"])
+
+
+def test_django_connections_is_read_from_celery_conf():
+    settings = resolve_settings("s", conf={"kombu_events_django_connections": "max_age"}, environ={})
+    assert settings.django_connections == "max_age"
+    assert resolve_settings("s", conf=None, environ={}).django_connections == "close"
+
+
+def test_metrics_settings_default_to_no_endpoint_on_loopback():
+    from kombu_events.config import MetricsSettings, resolve_metrics_settings
+
+    assert resolve_metrics_settings(None) == MetricsSettings(port=None, host="127.0.0.1", liveness_s=10.0)
+    conf = {"kombu_events_metrics_port": 9100, "kombu_events_metrics_host": "0.0.0.0",
+            "kombu_events_metrics_liveness_s": 30}
+    assert resolve_metrics_settings(conf) == MetricsSettings(9100, "0.0.0.0", 30)
+    assert resolve_metrics_settings(conf, port=9200).port == 9200, "the worker's flag wins"
+
+
+@pytest.mark.parametrize(("conf", "message"), [
+    ({"kombu_events_metrics_port": 0}, "kombu_events_metrics_port must be an integer within 1 .. 65535, got 0"),
+    ({"kombu_events_metrics_port": "9100"}, "kombu_events_metrics_port must be an integer within 1 .. 65535"),
+    ({"kombu_events_metrics_host": ""}, "kombu_events_metrics_host must be a host name or address"),
+    ({"kombu_events_metrics_host": "0.0.0.0 "}, "kombu_events_metrics_host must be a host name"),
+    ({"kombu_events_metrics_liveness_s": 0.5}, "kombu_events_metrics_liveness_s must be a number of seconds"),
+    ({"kombu_events_metrics_liveness_s": 4000}, "within 1 .. 3600, got 4000"),
+    ({"kombu_events_metrics_liveness_s": True}, "kombu_events_metrics_liveness_s must be a number"),
+])
+def test_invalid_metrics_settings_name_the_setting_and_what_is_valid(conf, message):
+    from kombu_events.config import resolve_metrics_settings
+
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        resolve_metrics_settings(conf)

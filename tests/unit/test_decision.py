@@ -16,6 +16,7 @@ from kombu_events.decision import (
     Decision,
     Outcome,
     decide,
+    likely_action,
 )
 
 BACKOFF = Exponential(base_ms=1000, factor=2, max_delay_ms=60_000)
@@ -161,3 +162,12 @@ def test_a_message_redelivered_too_often_is_archived_as_a_worker_killer(max_retr
     verdict = _decide_redelivered(redeliveries=max_retries + 2, max_retries=max_retries)
     assert verdict.action == "archive"
     assert "kill its worker" in verdict.reason and f"max_retries={max_retries}" in verdict.reason
+
+
+@pytest.mark.parametrize("kind, final, action", [
+    (FAILED, False, "retry"), (RETRY, False, "retry"), (LOST, False, "retry"),
+    (FAILED, True, "archive"), (RETRY, True, "archive"),
+    (ARCHIVE, False, "archive"), (UNDECODABLE, False, "archive"),
+])
+def test_likely_action_after_a_failed_attempt(kind, final, action):
+    assert likely_action(Outcome(kind, "why"), final=final) == action

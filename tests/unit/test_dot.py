@@ -25,6 +25,7 @@ HANDLERS = (
 
 
 def _topology(**settings) -> Topology:
+    settings.setdefault("publish_delay_levels", 0)
     return build_topology(Settings(service="billing", delay_levels=4, **settings), HANDLERS)
 
 
@@ -117,3 +118,9 @@ def test_the_method_on_topology_is_the_same_graph():
     topology = _topology()
     assert topology.to_dot() == to_dot(topology)
     assert topology.to_dot().startswith('digraph "billing" {\n') and topology.to_dot().endswith("}\n")
+
+
+def test_an_alternate_exchange_is_a_dotted_edge():
+    edges = _edges(to_dot(_topology(publish_delay_levels=2)))
+    assert ("exchange:events.deferred", "exchange:events.unrouted", "unroutable", "dotted") in edges
+    assert not [e for e in _edges(to_dot(_topology())) if e[3] == "dotted"]

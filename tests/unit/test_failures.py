@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import math
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from kombu_events import ladder
+from kombu_events.backoff import Exponential
+from kombu_events.decision import RETRY, Outcome, decide
 from kombu_events.failures import Archive, Poisoned, Retry, poisonous
 
 
@@ -96,3 +99,31 @@ def test_decimal_seconds_round_up_to_exactly_the_units_they_need(k, per_second, 
     assert math.ceil(delay_ms / unit_ms) == exact_units
     levels = max(1, exact_units.bit_length())
     assert ladder.units_for(delay_ms=delay_ms, unit_ms=unit_ms, levels=levels) == exact_units
+
+
+def test_retry_at_a_wall_clock_time_is_the_seconds_until_then():
+    at = datetime.now(timezone.utc) + timedelta(seconds=30)
+    retry = Retry(at=at)
+    assert 29 < retry.delay <= 30
+    assert retry.at is at and str(retry) == f"retry at {at.isoformat()}"
+
+
+def test_retry_at_a_naive_time_is_local_and_a_past_time_retries_at_once():
+    assert 59 < Retry(at=datetime.now() + timedelta(minutes=1)).delay <= 60
+    assert Retry(at=datetime.now(timezone.utc) - timedelta(hours=1)).delay == 0
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"at": "2026-01-01T00:00:00"}, "takes a datetime"),
+    ({"at": datetime.now(), "delay": 5}, "not both"),
+])
+def test_retry_at_refuses_what_is_not_one_time(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Retry(**kwargs)
+
+
+def test_retry_at_beyond_the_ladder_archives_naming_the_delay():
+    retry = Retry(at=datetime.now(timezone.utc) + timedelta(days=2))
+    decision = decide(Outcome(RETRY, str(retry), delay_ms=retry.delay_ms), attempt=1, max_retries=5,
+                      backoff=Exponential(), max_delay_ms=65_535_000, lost_delay_ms=1000)
+    assert decision.action == "archive" and "exceeds the ladder's 6.5535e+07 ms" in decision.reason

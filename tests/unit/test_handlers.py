@@ -5,7 +5,7 @@ import pytest
 
 from kombu_events.errors import ConfigurationError
 from kombu_events.event import Event
-from kombu_events.handlers import exception_classes, validate_binding_key
+from kombu_events.handlers import check_prefetch, exception_classes, validate_binding_key
 
 
 @pytest.mark.parametrize("key", ["orders.*.created", "orders.#", "#", "*", "a", "a.b.c", "k" * 255])
@@ -55,3 +55,14 @@ def test_event_properties():
     bare = Event(None, "k", "q", 1)
     assert (bare.message_id, bare.correlation_id, bare.content_type, bare.timestamp) == (None,) * 4
     assert bare.headers == {} and bare.body == b""
+
+
+@pytest.mark.parametrize("value", [None, 1, 65_535])
+def test_check_prefetch_accepts(value):
+    assert check_prefetch(value) == value
+
+
+@pytest.mark.parametrize("value", [0, 65_536, True, 1.0, "1"])
+def test_check_prefetch_names_the_valid_range(value):
+    with pytest.raises(ConfigurationError, match=r"prefetch must be an integer within 1 \.\. 65535"):
+        check_prefetch(value)

@@ -16,7 +16,8 @@ from kombu_events.event import Event
 from kombu_events.middleware import Hooks, Middleware
 from kombu_events.plan import ACK
 
-HOOKS = ("on_received", "on_before_dispatch", "on_settled", "on_before_publish", "on_after_publish", "on_handling")
+HOOKS = ("on_received", "on_before_dispatch", "on_settled", "on_before_publish", "on_after_publish", "on_after_store",
+         "on_handling")
 DELIVERY = Delivery("billing.audit", "orders.7.created", b"{}")
 EVENT = Event({}, "orders.7.created", "billing.audit", 1)
 DEFER = Outcome(DEFERRED, "circuit open", delay_ms=5000)
@@ -49,6 +50,9 @@ class Recorder(Middleware):
     def after_publish(self, exchange, routing_key, properties, error):
         self._record("after_publish")
 
+    def after_store(self, exchange, routing_key, properties):
+        self._record("after_store")
+
 
 CALLS = {
     "received": lambda hooks: hooks.received(DELIVERY),
@@ -56,6 +60,7 @@ CALLS = {
     "settled": lambda hooks: hooks.settled(DELIVERY, Outcome(OK), ACK),
     "before_publish": lambda hooks: hooks.before_publish("events", "orders.7.created", {"application_headers": {}}),
     "after_publish": lambda hooks: hooks.after_publish("events", "orders.7.created", {}, None),
+    "after_store": lambda hooks: hooks.after_store("events", "orders.7.created", {}),
 }
 
 
@@ -303,3 +308,29 @@ def test_events_groups_its_middleware():
     events = Events(celery.Celery("t", set_as_current=False), "svc", middleware=(m for m in [recorder]))
     assert events.hooks.middleware == (recorder,)
     assert events.hooks.on_received == (recorder,)
+
+
+def test_add_appends_a_middleware_that_every_route_of_the_service_then_calls():
+    calls: list[tuple[str, str]] = []
+    events = Events(celery.Celery("proj", broker="memory://", set_as_current=False), service="billing",
+                    middleware=[Recorder("first", calls)])
+    events.handler("orders.#")(lambda payload: None)
+    [route] = events.routes()
+    events.hooks.add(Recorder("added", calls))
+    route.hooks.settled(DELIVERY, Outcome(OK), ACK)
+    assert calls == [("first", "settled"), ("added", "settled")]
+    with pytest.raises(ConfigurationError, match="must be Middleware instances"):
+        events.hooks.add(object())  # type: ignore[arg-type]
+    assert len(events.hooks.middleware) == 2
+
+
+def test_add_middleware_before_the_hooks_are_resolved_adds_it_once_for_consuming_and_publishing():
+    calls: list[tuple[str, str]] = []
+    events = Events(celery.Celery("proj", broker="memory://", set_as_current=False), service="billing")
+    events.handler("orders.#")(lambda payload: None)
+    added = Recorder("added", calls)
+    events.add_middleware(added)
+    assert events.hooks.middleware.count(added) == 1
+    events.hooks.settled(DELIVERY, Outcome(OK), ACK)
+    events.hooks.after_publish("events", "k", {}, None)
+    assert calls == [("added", "settled"), ("added", "after_publish")]

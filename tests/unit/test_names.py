@@ -16,6 +16,9 @@ from kombu_events.errors import ConfigurationError, KombuEventsError
         (names.delay_name, ("billing", 15), "billing.delay.15"),
         (names.delivery_exchange, ("billing",), "billing.delivery"),
         (names.archive_name, ("billing",), "billing.archive"),
+        (names.schedule_prefix, ("billing",), "billing.schedule."),
+        (names.schedule_queue, ("billing", "reports.hourly"), "billing.schedule.reports.hourly"),
+        (names.schedule_state, ("billing", "reports.hourly"), "billing.schedule.reports.hourly.state"),
     ],
 )
 def test_name_helpers(helper, args, expected):

@@ -221,3 +221,49 @@ def test_a_handler_that_changes_its_event_headers_leaves_the_delivery_alone(regi
     headers, properties = {"x-request-id": "r1"}, {"message_id": "m-1"}
     assert runner.run(QUEUE, b"{}", JSON, None, ("orders.1", 1, headers, properties)).kind == decision.OK
     assert (headers, properties) == ({"x-request-id": "r1"}, {"message_id": "m-1"})
+
+
+def test_a_pool_side_admit_refusal_settles_the_message_without_decoding_or_calling_the_handler():
+    from kombu_events import Middleware
+    from kombu_events.middleware import Hooks
+
+    calls = []
+
+    class Gate(Middleware):
+        def admit(self, queue):
+            return decision.Outcome(decision.DEFERRED, f"{queue} is closed", delay_ms=500) if calls else None
+
+    registry._routes[QUEUE] = Route(_handler(calls.append), ACCEPT, 100, Hooks([Gate()]))
+    try:
+        assert runner.run(QUEUE, b'{"n": 1}', JSON, "utf-8").kind == decision.OK
+        refused = runner.run(QUEUE, b"not even json", JSON, "utf-8")
+    finally:
+        registry._routes.pop(QUEUE)
+    assert calls == [{"n": 1}]
+    assert refused == decision.Outcome(decision.DEFERRED, f"{QUEUE} is closed", delay_ms=500)
+
+
+def test_with_only_a_handler_failed_receiver_no_event_is_built_for_a_success_but_a_failure_gets_one(register, mocker):
+    from kombu_events import signals
+
+    built = mocker.spy(runner, "Event")
+    failures = []
+
+    def on_failed(sender, event, exception, **kwargs):
+        failures.append((event.payload, event.routing_key, event.attempt, event.headers, repr(exception)))
+
+    def handler(payload):
+        if payload["fail"]:
+            raise ValueError("boom")
+
+    register(_handler(handler))
+    signals.handler_failed.connect(on_failed, weak=False, dispatch_uid="test-lazy-event")
+    try:
+        meta = ("orders.1", 2, {"h": 1}, {"message_id": "m"})
+        assert runner.run(QUEUE, b'{"fail": false}', JSON, "utf-8", meta).kind == decision.OK
+        assert built.call_count == 0, "a success with no receiver that needs it builds no Event"
+        assert runner.run(QUEUE, b'{"fail": true}', JSON, "utf-8", meta).kind == decision.FAILED
+    finally:
+        signals.handler_failed.disconnect(dispatch_uid="test-lazy-event")
+    assert built.call_count == 1
+    assert failures == [({"fail": True}, "orders.1", 2, {"h": 1}, "ValueError('boom')")]

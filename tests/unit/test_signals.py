@@ -13,7 +13,7 @@ from kombu_events import decision, registry, runner, signals
 from kombu_events.backoff import Exponential
 from kombu_events.codec import JSON
 from kombu_events.event import Event
-from kombu_events.failures import Retry
+from kombu_events.failures import Archive, Retry
 from kombu_events.handlers import Handler
 from kombu_events.middleware import Hooks, Middleware
 from kombu_events.registry import Route
@@ -89,11 +89,27 @@ def test_a_handler_that_raises_sends_started_then_failed(receive, exc, kind):
     assert len(started) == 1 and succeeded == []
     ((sender, arguments),) = failed
     assert sender is handler.fn
-    assert set(arguments) == {"event", "exception", "traceback", "duration_ms"}
+    assert set(arguments) == {"event", "exception", "traceback", "duration_ms", "outcome", "action"}
     assert arguments["exception"] is exc
     assert isinstance(arguments["traceback"], TracebackType)
     assert arguments["traceback"].tb_next.tb_frame.f_code.co_name == "handler"
     assert arguments["duration_ms"] == outcome.duration_ms
+    assert arguments["outcome"] == outcome and arguments["action"] == "archive"  # final: no retry left
+
+
+@pytest.mark.parametrize("exc, final, action", [
+    (ValueError("boom"), False, "retry"),
+    (Retry(5), False, "retry"),
+    (ValueError("boom"), True, "archive"),
+    (Archive("no"), False, "archive"),
+    (KeyError("k"), False, "archive"),  # dont_retry
+])
+def test_handler_failed_tells_what_the_worker_will_most_likely_do(receive, exc, final, action):
+    failed = receive(signals.handler_failed)
+    _register(_fails(exc), dont_retry=(KeyError,))
+    outcome = _run(final=final)
+    ((_sender, arguments),) = failed
+    assert arguments["action"] == action and arguments["outcome"] == outcome
 
 
 def test_a_message_that_does_not_decode_starts_no_handler(receive):

@@ -7,6 +7,7 @@ from kombu import Exchange, Queue, binding
 
 from kombu_events.backoff import Exponential
 from kombu_events.config import Settings
+from kombu_events.errors import DelayTooLongError
 from kombu_events.handlers import Handler
 from kombu_events.topology import Topology, build_topology
 
@@ -25,8 +26,9 @@ HANDLERS = (
 
 
 def _settings(**kwargs) -> Settings:
+    # publish_delay_levels=0: the service's own entities; the shared delayed-publishing ladder is tested below.
     values = {"service": "billing", "delay_levels": 3, "delay_unit_ms": 1000,
-              "archive_ttl_ms": DAY_MS, "archive_max_length": 500}
+              "archive_ttl_ms": DAY_MS, "archive_max_length": 500, "publish_delay_levels": 0}
     values.update(kwargs)
     return Settings(**values)
 
@@ -131,13 +133,16 @@ def test_archive_arguments_are_omitted_when_zero(ttl, length, expected):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=32))
-def test_entity_counts(handler_count, levels):
+@given(st.integers(min_value=0, max_value=30), st.integers(min_value=1, max_value=32),
+       st.integers(min_value=0, max_value=32))
+def test_entity_counts(handler_count, levels, publish_levels):
     handlers = [_handler(f"svc.h{i}", f"k{i}.#") for i in range(handler_count)]
-    topology = build_topology(Settings(service="svc", delay_levels=levels), handlers)
-    assert len(topology.queues) == levels + handler_count + 1
-    assert len(topology.exchanges) == levels + 3
-    assert len(topology.exchange_bindings) == levels
+    topology = build_topology(Settings(service="svc", delay_levels=levels, publish_delay_levels=publish_levels),
+                              handlers)
+    shared = publish_levels + 1 if publish_levels else 0  # its levels and the unrouted queue
+    assert len(topology.queues) == levels + handler_count + 1 + shared
+    assert len(topology.exchanges) == levels + 3 + (publish_levels + 2 if publish_levels else 0)
+    assert len(topology.exchange_bindings) == levels + publish_levels
     assert [q.name for q in topology.handler_queues] == [h.queue for h in handlers]
     assert len({q.name for q in topology.queues}) == len(topology.queues), "queue names are unique"
     assert all(q.durable for q in topology.queues) and all(e.durable for e in topology.exchanges)
@@ -206,3 +211,82 @@ def test_describe_is_the_same_whatever_the_order_of_kombus_binding_sets():
 def test_describe_without_arguments_has_no_trailing_space():
     lines = build_topology(_settings(archive_ttl_ms=0, archive_max_length=0), []).describe()
     assert "queue billing.archive durable=True" in lines
+
+
+def test_the_exchanges_delayed_publishing_ladder_is_shared_and_every_binding_key_is_bound_at_its_end():
+    topology = build_topology(_settings(publish_delay_levels=2, publish_delay_unit_ms=500), HANDLERS)
+    service = build_topology(_settings(), HANDLERS)
+    extra_exchanges = [(e.name, e.type, dict(e.arguments or {})) for e in topology.exchanges[len(service.exchanges):]]
+    assert extra_exchanges == [
+        ("events.deferred.1", "topic", {}),
+        ("events.deferred.0", "topic", {}),
+        ("events.deferred", "topic", {"alternate-exchange": "events.unrouted"}),
+        ("events.unrouted", "fanout", {}),
+    ]
+    extra_queues = {q.name: (dict(q.queue_arguments or {}), _bindings(q)) for q in topology.queues
+                    if q.name.startswith("events.")}
+    assert extra_queues == {
+        "events.deferred.1": ({"x-message-ttl": 1000, "x-dead-letter-exchange": "events.deferred.0"},
+                              {("events.deferred.1", "topic", "1.*.#")}),
+        "events.deferred.0": ({"x-message-ttl": 500, "x-dead-letter-exchange": "events.deferred"},
+                              {("events.deferred.0", "topic", "*.1.#")}),
+        "events.unrouted": ({}, {("events.unrouted", "fanout", "")}),
+    }
+    audit = {q.name: q for q in topology.queues}["billing.audit"]
+    assert _bindings(audit) - _bindings({q.name: q for q in service.queues}["billing.audit"]) == {
+        ("events.deferred", "topic", "*.*.orders.#"), ("events.deferred", "topic", "*.*.refunds.#")}
+    assert [(eb.destination.name, eb.source.name, eb.routing_key) for eb in topology.exchange_bindings][-2:] == [
+        ("events.deferred.0", "events.deferred.1", "0.*.#"), ("events.deferred", "events.deferred.0", "*.0.#")]
+    assert [q.name for q in topology.handler_queues] == ["billing.on_order_created", "billing.audit"]
+    assert [topology.role(q.name) for q in topology.queues] == [
+        "handler", "handler", "delay", "delay", "delay", "archive", "deferred", "deferred", "unrouted"]
+
+
+@pytest.mark.parametrize("delay_ms, expected", [
+    (0, ("events", "orders.1.created", 0)),
+    (1, ("events.deferred.0", "0.1.orders.1.created", 500)),
+    (500, ("events.deferred.0", "0.1.orders.1.created", 500)),
+    (501, ("events.deferred.1", "1.0.orders.1.created", 1000)),
+    (1500, ("events.deferred.1", "1.1.orders.1.created", 1500)),
+])
+def test_publish_address_rounds_up_to_whole_units_and_enters_at_the_highest_bit(delay_ms, expected):
+    topology = build_topology(_settings(publish_delay_levels=2, publish_delay_unit_ms=500), HANDLERS)
+    assert tuple(topology.publish_address("orders.1.created", delay_ms)) == expected
+
+
+@pytest.mark.parametrize("levels, delay_ms", [(2, 1501), (2, float("inf")), (2, -1), (0, 1)])
+def test_a_delay_beyond_the_exchanges_ladder_is_refused_naming_its_reach(levels, delay_ms):
+    topology = build_topology(_settings(publish_delay_levels=levels, publish_delay_unit_ms=500), HANDLERS)
+    with pytest.raises(DelayTooLongError, match=r"'orders.1.created'.*publish_delay_levels"):
+        topology.publish_address("orders.1.created", delay_ms)
+
+
+def test_a_handler_s_own_queue_arguments_single_active_consumer_and_expiry():
+    handler = Handler(fn=lambda payload: None, name="ordered", queue="billing.ordered", binding_keys=("a.#",),
+                      max_retries=5, backoff=Exponential(), prefetch=1, single_active_consumer=True,
+                      expires_ms=60_000)
+    queue = {q.name: q for q in build_topology(_settings(), (*HANDLERS, handler)).queues}["billing.ordered"]
+    assert queue.queue_arguments["x-single-active-consumer"] is True
+    assert queue.queue_arguments["x-expires"] == 60_000
+    plain = {q.name: q for q in build_topology(_settings(), HANDLERS).queues}["billing.audit"]
+    assert "x-single-active-consumer" not in plain.queue_arguments and "x-expires" not in plain.queue_arguments
+
+
+def test_a_schedule_s_token_queue_is_consumed_and_its_state_queue_keeps_the_newest_message():
+    from kombu_events.schedule import Schedule
+
+    schedule = Schedule("hourly", 3_600_000, 0, "latest", 86_400_000, "billing.schedule.hourly",
+                        "billing.schedule.hourly.state")
+    token = Handler(fn=lambda event: None, name="schedule.hourly", queue=schedule.queue, binding_keys=(),
+                    max_retries=10_000, backoff=Exponential(), bind=True, prefetch=1, single_active_consumer=True,
+                    expires_ms=schedule.retire_after_ms)
+    topology = build_topology(_settings(), (*HANDLERS, token), (schedule,))
+    queues = {q.name: q for q in topology.queues}
+    assert _bindings(queues[schedule.queue]) == {("billing.delivery", "topic", "*.*.*.billing.schedule.hourly")}
+    assert queues[schedule.state_queue].queue_arguments == {
+        "x-max-length": 1, "x-overflow": "drop-head", "x-expires": 86_400_000}
+    assert not queues[schedule.state_queue].bindings, "written through the default exchange only"
+    assert topology.role(schedule.queue) == "schedule" and topology.role(schedule.state_queue) == "state"
+    assert [q.name for q in topology.handler_queues] == [*(h.queue for h in HANDLERS), schedule.queue]
+    quorum = {q.name: q for q in build_topology(_settings(queue_type="quorum"), (token,), (schedule,)).queues}
+    assert quorum[schedule.state_queue].queue_arguments["x-overflow"] == "drop-head"
