@@ -37,6 +37,7 @@ LIMITS = {
     "archive_max_length": (0, 2**31 - 1),
     "prefetch_count": (1, 65_535),
     "traceback_limit": (0, 60_000),
+    "quorum_initial_group_size": (1, 999),
 }
 
 
@@ -61,6 +62,7 @@ class Settings:
     archive_max_length: int = 100_000
     prefetch_count: int = 100
     queue_type: str = "classic"
+    quorum_initial_group_size: int = 3  # replicas of each quorum queue (at most the cluster's nodes)
     accept_content: tuple[str, ...] = ("application/json",)
     traceback_limit: int = 2000
     django_connections: str = "close"

@@ -77,7 +77,7 @@ def read_delivery(
         if not isinstance(headers, Mapping):
             raise HeaderError("application_headers", f"must be a table, got {type(headers).__name__}")
         attempt = wire.attempt_of(headers, queue)
-        redeliveries = wire.redeliveries_of(headers)
+        redeliveries = wire.redeliveries_of(headers, redelivered=redelivered)
         routing_key = wire.original_routing_key(headers, routing_key, queue)
     except HeaderError as exc:
         return Delivery(queue, routing_key, body, properties, redelivered=redelivered, received=received,

@@ -11,7 +11,7 @@ __all__ = [
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
-    "DROPPED_HEADERS", "as_sent", "Undecoded",
+    "DROPPED_HEADERS", "DELIVERY_COUNT", "as_sent", "Undecoded",
 ]
 
 from datetime import datetime, timezone
@@ -46,8 +46,14 @@ _FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEP
 _ERROR_LIMIT = 500
 
 
+#: Set by a quorum queue on a redelivered message: how often it was delivered before.
+DELIVERY_COUNT = "x-delivery-count"
+
+
 def _is_dead_letter_header(name: object) -> bool:
-    return isinstance(name, str) and (name == "x-death" or name.startswith(("x-first-death-", "x-last-death-")))
+    """A header the broker sets on the copy it holds: never carried over to a republished copy."""
+    return isinstance(name, str) and (name in ("x-death", DELIVERY_COUNT)
+                                      or name.startswith(("x-first-death-", "x-last-death-")))
 
 
 def _count(headers: Mapping[str, Any], name: str) -> int:
@@ -93,9 +99,22 @@ def attempt_of(headers: Mapping[str, Any] | None, queue: str) -> int:
     return _count(headers, ATTEMPTS) + rejected_count(headers, queue) + 1
 
 
-def redeliveries_of(headers: Mapping[str, Any] | None) -> int:
-    """Broker redeliveries this message went through before this delivery; HeaderError if unreadable."""
-    return _count(headers, REDELIVERIES) if headers else 0
+def redeliveries_of(headers: Mapping[str, Any] | None, *, redelivered: bool = False) -> int:
+    """Broker redeliveries this message went through before this delivery; HeaderError if unreadable.
+
+    Our own counter holds the redeliveries of earlier copies (each redelivered copy is
+    sent back as a new one). A quorum queue also counts its own deliveries of this copy
+    in ``x-delivery-count``: on a redelivery that says how many deliveries went before
+    this one (a worker killed twice before it read the message makes it 2), where the
+    ``redelivered`` flag alone says only "at least one". A value the broker cannot have
+    set (not a positive integer) is ignored: the flag counts one.
+    """
+    earlier = _count(headers, REDELIVERIES) if headers else 0
+    if redelivered and headers:
+        count = headers.get(DELIVERY_COUNT)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 1:
+            earlier = min(earlier + count - 1, MAX_COUNT)  # the delivery at hand is counted by the caller
+    return earlier
 
 
 def original_routing_key(headers: Mapping[str, Any] | None, routing_key: str, queue: str) -> str:

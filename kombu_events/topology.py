@@ -132,7 +132,8 @@ class Topology:
 def _queue_args(settings: Settings, *, dead_letters: bool) -> dict[str, object]:
     if settings.queue_type != "quorum":
         return {}
-    args: dict[str, object] = {"x-queue-type": "quorum"}
+    args: dict[str, object] = {"x-queue-type": "quorum",
+                               "x-quorum-initial-group-size": settings.quorum_initial_group_size}
     if dead_letters:
         # Without these a quorum queue dead-letters at most once: a crash loses the message.
         args.update({"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})

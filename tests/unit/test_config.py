@@ -91,6 +91,7 @@ def test_environ_defaults_to_os_environ(monkeypatch):
         ({"traceback_limit": -1}, "traceback_limit", "0 .. 60000"),
         ({"queue_type": "lazy"}, "queue_type", "classic, quorum"),
         ({"queue_type": "Quorum"}, "queue_type", "classic, quorum"),
+        ({"quorum_initial_group_size": 0}, "quorum_initial_group_size", "1 .. 999"),
         ({"django_connections": "never"}, "django_connections='never'", "close, max_age, off"),
         ({"django_connections": False}, "django_connections=False", "close, max_age, off"),
         ({"exchange": ""}, "exchange", "non-empty string"),

@@ -172,3 +172,9 @@ def test_a_routing_key_of_valid_utf8_is_read(key):
 def test_the_body_is_always_bytes(body, expected):
     delivery = _read({}, body=body)
     assert delivery.body == expected and type(delivery.body) is bytes
+
+
+def test_a_quorum_queues_delivery_count_says_how_often_a_message_was_redelivered():
+    # A worker killed three times while holding it: the fourth delivery carries x-delivery-count 3.
+    delivery = _read({"application_headers": {"x-delivery-count": 3}}, redelivered=True)
+    assert (delivery.attempt, delivery.redeliveries, delivery.redelivered) == (1, 2, True)

@@ -205,3 +205,39 @@ def test_redeliveries_of(value, expected):
 def test_redeliveries_of_names_a_header_it_cannot_read(value):
     with pytest.raises(HeaderError, match=wire.REDELIVERIES):
         wire.redeliveries_of({wire.REDELIVERIES: value})
+
+
+# -- x-delivery-count: a quorum queue's own count of the deliveries before this one --------------
+
+@pytest.mark.parametrize("ours, count, expected", [
+    (0, 1, 0),   # the first redelivery: the caller counts it
+    (0, 4, 3),   # three redeliveries went before this one (a worker killed three times before it read it)
+    (2, 3, 4),   # earlier copies' redeliveries add up
+    (0, 2**40, 2**31 - 1),  # bounded as our own counter is
+])
+def test_a_quorum_queues_delivery_count_adds_the_redeliveries_before_this_one(ours, count, expected):
+    headers = {wire.REDELIVERIES: ours, wire.DELIVERY_COUNT: count}
+    assert wire.redeliveries_of(headers, redelivered=True) == expected
+
+
+@pytest.mark.parametrize("count", [None, 0, -3, True, "7", 7.0, [7]])
+def test_a_delivery_count_the_broker_cannot_have_set_counts_nothing_more(count):
+    assert wire.redeliveries_of({wire.REDELIVERIES: 1, wire.DELIVERY_COUNT: count}, redelivered=True) == 1
+
+
+def test_a_delivery_count_on_a_first_delivery_counts_nothing():
+    # RabbitMQ's quorum queues send x-delivery-count 0 on a first delivery; a publisher may set any.
+    assert wire.redeliveries_of({wire.DELIVERY_COUNT: 9}, redelivered=False) == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda h: wire.retry_headers(h, attempt=1, routing_key="k", error="e"),
+    lambda h: wire.requeue_headers(h, attempt=1, redeliveries=1, routing_key="k"),
+    lambda h: wire.archive_headers(h, attempt=1, queue="q", routing_key="k", reason="r", exception="E",
+                                   traceback=""),
+    wire.replay_headers,
+])
+def test_a_republished_copy_never_carries_the_brokers_delivery_count(make):
+    # The copy is a new message: its queue counts its deliveries afresh.
+    new = make({wire.DELIVERY_COUNT: 5, "x-request-id": "r-1"})
+    assert wire.DELIVERY_COUNT not in new and new["x-request-id"] == "r-1"

@@ -148,8 +148,8 @@ def test_entity_counts(handler_count, levels, publish_levels):
     assert all(q.durable for q in topology.queues) and all(e.durable for e in topology.exchanges)
 
 
-QUORUM_DEAD_LETTERING = {"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
-                         "x-overflow": "reject-publish"}
+QUORUM = {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3}
+QUORUM_DEAD_LETTERING = {**QUORUM, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 
 
 def test_quorum_mode():
@@ -159,9 +159,14 @@ def test_quorum_mode():
         args = dict(queue.queue_arguments)
         if queue.name == "billing.archive":
             # the archive dead-letters nothing: quorum, but no at-least-once or reject-publish
-            assert args == {"x-queue-type": "quorum", **classic[queue.name]}
+            assert args == {**QUORUM, **classic[queue.name]}
         else:
             assert args == {**QUORUM_DEAD_LETTERING, **classic[queue.name]}
+
+
+def test_every_quorum_queue_asks_for_the_configured_number_of_replicas():
+    queues = build_topology(_settings(queue_type="quorum", quorum_initial_group_size=5), HANDLERS).queues
+    assert {q.queue_arguments["x-quorum-initial-group-size"] for q in queues} == {5}
 
 
 def test_classic_mode_sets_no_quorum_arguments():
