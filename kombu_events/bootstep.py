@@ -9,7 +9,7 @@ from typing import Any
 import click
 from celery import bootsteps
 
-from . import registry, sentry, wire_guard
+from . import registry, sentry, task_queues, wire_guard
 from .config import resolve_metrics_settings
 from .consumer import ServiceConsumer
 from .errors import ConfigurationError
@@ -48,6 +48,7 @@ class EventsStep(bootsteps.StartStopStep):
             services = registry.resolve(parent.app)
             if not services:
                 logger.warning("kombu-events: %s given but app %s registers no Events", OPTION, parent.app.main)
+            task_queues.check_task_queues(parent.app, services)  # quorum events need quorum task queues
             wire_guard.install()  # a message py-amqp cannot decode must not end the worker
             self._sentry = sentry.install()  # handler errors reach Sentry once the app initialised sentry_sdk
             self.exporter = _serve_metrics(parent.app, services, events_metrics_port)

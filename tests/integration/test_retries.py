@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from kombu_events.testing import temporary_vhost
+
 from .harness import (
     Project,
     management_queue,
@@ -434,6 +436,7 @@ def test_a_message_rejected_elsewhere_comes_back_through_the_ladder_counted(make
 
 
 QUORUM = f"""
+app.conf.task_default_queue_type = "quorum"  # a classic task queue would stop the worker on a cluster
 events = Events(app, service=SERVICE, exchange=EXCHANGE, {SETTINGS}, backoff={BACKOFF}, queue_type="quorum",
                 max_retries=1)
 
@@ -445,8 +448,29 @@ def qq(event):
 """
 
 
-def test_quorum_queues_retry_and_archive_the_same_way(make_project):
-    project = make_project(QUORUM)
+@pytest.fixture
+def vhost_project(tmp_path, broker_url):
+    """``vhost_project(body)``: a Project on a vhost of its own, deleted afterwards with all it holds
+    (Celery's native delayed delivery declares queues of its own once its queues are quorum)."""
+    with temporary_vhost(broker_url) as url:
+        projects: list[Project] = []
+
+        def make(body: str) -> Project:
+            directory = tmp_path / f"p{len(projects)}"
+            directory.mkdir()
+            projects.append(Project(directory, url, PRELUDE + body))
+            return projects[-1]
+
+        try:
+            yield make
+        finally:
+            for project in projects:
+                for worker in project.workers:
+                    worker.kill()
+
+
+def test_quorum_queues_retry_and_archive_the_same_way(vhost_project):
+    project = vhost_project(QUORUM)
     project.worker().wait_ready()
     queue = f"{project.service}.qq"
     info = management_queue(project.broker_url, queue)

@@ -313,6 +313,8 @@ BAD_CONFIGS = {
                         "@events.handler('a.b', queue=SERVICE + '.bad*queue')\n"
                         "def h3(payload): pass\n"),
                        ["queue=", "bad*queue", "wildcard"]),
+    "quorum_events_classic_tasks": ("events = Events(app, service=SERVICE, exchange=EXCHANGE, queue_type='quorum')\n",
+                                    ["use quorum queues", "classic task queue", "task_default_queue_type = 'quorum'"]),
 }
 
 
