@@ -54,6 +54,13 @@ class EventsStep(bootsteps.StartStopStep):
             self.exporter = _serve_metrics(parent.app, services, events_metrics_port)
             self.consumers = [ServiceConsumer(e) for e in services]
 
+    def include(self, parent: Any) -> bool:
+        """Include the step; with it on, Celery's delayed-delivery step (built by now) follows the connection."""
+        included: bool = super().include(parent)
+        if self.enabled:
+            task_queues.follow_connection(parent)
+        return included
+
     def start(self, c: Any) -> None:
         """Declare each service's topology and start its consumers."""
         for consumer in self.consumers:

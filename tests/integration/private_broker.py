@@ -19,22 +19,59 @@ from .harness import ROOT
 SCRIPT = ROOT / "scripts" / "rabbitmq-cluster"
 
 
-def free_port() -> int:
+def free_port(span: int = 1) -> int:
+    """A port free on loopback, with the ``span - 1`` ports after it free too (a node each)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + span <= 65_535 and all(_free(p) for p in range(port + 1, port + span)):
+            return port
+    raise RuntimeError(f"no {span} consecutive free ports found")
+
+
+def _free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class PrivateBroker:
-    """One node started by scripts/rabbitmq-cluster under ``directory``, with a name of its own."""
+    """Nodes started by scripts/rabbitmq-cluster under ``directory``, with names of their own
+    (one node unless ``nodes`` says more: nodes 2.. join node 1)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, nodes: int = 1) -> None:
         self.directory = directory
+        self.nodes = nodes
         self.name = f"kebl{uuid.uuid4().hex[:8]}"
         self.env = dict(os.environ, KE_CLUSTER_DIR=str(directory), KE_CLUSTER_NAME=self.name,
-                        KE_CLUSTER_AMQP_PORT=str(free_port()), KE_CLUSTER_DIST_PORT=str(free_port()))
-        self.url = f"amqp://guest:guest@127.0.0.1:{self.env['KE_CLUSTER_AMQP_PORT']}//"
+                        KE_CLUSTER_AMQP_PORT=str(free_port(nodes)), KE_CLUSTER_DIST_PORT=str(free_port(nodes)))
+        self.ports = [int(self.env["KE_CLUSTER_AMQP_PORT"]) + n for n in range(nodes)]
+        self.url = self.node_url(1)
         self.app_running = False
+
+    def node_url(self, node: int) -> str:
+        """AMQP URL of node ``node`` (1-based)."""
+        return f"amqp://guest:guest@127.0.0.1:{self.ports[node - 1]}//"
+
+    def urls(self, *order: int) -> str:
+        """A fail-over URL list (``;``-separated), nodes in ``order`` (default 1, 2, ...)."""
+        return ";".join(self.node_url(n) for n in (order or range(1, self.nodes + 1)))
+
+    def ctl(self, node: int, *args: str, timeout: float = 60) -> str:
+        """``rabbitmqctl ARGS`` against ``node``; its output."""
+        return self.run("ctl", str(node), *args, timeout=timeout)
+
+    def kill_node(self, node: int) -> None:
+        """kill -9 the node's Erlang VM: its connections drop at once, as on a crash."""
+        self.run("kill-node", str(node))
+
+    def start_node(self, node: int) -> None:
+        """Start a killed node again; returns once it serves AMQP (it rejoins on its own)."""
+        self.run("start-node", str(node))
 
     def run(self, *args: str, timeout: float = 180) -> str:
         result = subprocess.run([str(SCRIPT), *args], env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -44,7 +81,7 @@ class PrivateBroker:
         return result.stdout
 
     def start(self) -> None:
-        self.run("start", "--nodes", "1")
+        self.run("start", "--nodes", str(self.nodes))
         self.app_running = True
 
     def stop_app(self) -> None:
@@ -77,7 +114,7 @@ class PrivateBroker:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if f"{self.name}1@localhost".encode() in cmdline and b"beam" in cmdline:
+            if f"{self.name}".encode() in cmdline and b"beam" in cmdline:
                 found.append(int(entry.name))
         return found
 

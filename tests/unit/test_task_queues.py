@@ -9,7 +9,7 @@ from celery import Celery
 from kombu import Queue
 
 from kombu_events.errors import ConfigurationError
-from kombu_events.task_queues import check_task_queues, classic_task_queues
+from kombu_events.task_queues import check_task_queues, classic_task_queues, follow_connection
 
 QUORUM = SimpleNamespace(settings=SimpleNamespace(service="billing", queue_type="quorum"))
 CLASSIC = SimpleNamespace(settings=SimpleNamespace(service="audit", queue_type="classic"))
@@ -60,3 +60,48 @@ def test_a_quorum_service_lets_the_consumer_restart_after_a_channel_error(caplog
         check_task_queues(app, [QUORUM])
     assert app.conf.broker_channel_error_retry is True
     assert "broker_channel_error_retry turned on" in caplog.text
+
+
+delayed_delivery = pytest.importorskip("celery.worker.consumer.delayed_delivery")
+
+
+def _consumer(broker_url):
+    """What follow_connection sees of Celery's consumer while its blueprint is applied."""
+    app = _app(broker_url=broker_url, task_default_queue_type="quorum")
+    consumer = SimpleNamespace(app=app, blueprint=SimpleNamespace(steps={}))
+    step = delayed_delivery.DelayedDelivery(consumer)
+    consumer.blueprint.steps[step.name] = step
+    return consumer, step
+
+
+@pytest.mark.parametrize("broker_url", ["amqp://a//;amqp://b//", ["amqp://a//", "amqp://b//"]])
+def test_with_several_urls_delayed_delivery_is_set_up_through_the_connected_node_only(mocker, broker_url):
+    consumer, step = _consumer(broker_url)
+    assert follow_connection(consumer) is True
+    assert step.name == delayed_delivery.DelayedDelivery.name
+    setup = mocker.patch.object(step, "_setup_delayed_delivery")
+    consumer.connection = SimpleNamespace(as_uri=lambda include_password=False: "amqp://u:p@b//")
+    step.start(consumer)
+    setup.assert_called_once_with(consumer, "amqp://u:p@b//")
+
+
+def test_a_failing_setup_is_retried_on_the_connected_node_then_logged(mocker, caplog):
+    consumer, step = _consumer("amqp://a//;amqp://b//")
+    follow_connection(consumer)
+    setup = mocker.patch.object(step, "_setup_delayed_delivery", side_effect=ConnectionRefusedError("gone"))
+    mocker.patch("kombu.utils.functional.sleep")  # retry_over_time's pauses
+    consumer.connection = SimpleNamespace(as_uri=lambda include_password=False: "amqp://b//")
+    with caplog.at_level(logging.WARNING, logger="kombu_events.task_queues"):
+        step.start(consumer)
+    assert {call.args[1] for call in setup.call_args_list} == {"amqp://b//"}
+    assert setup.call_count == delayed_delivery.MAX_RETRIES + 1
+    assert "native delayed delivery not set up on amqp://b//: gone" in caplog.text
+
+
+def test_one_url_or_no_delayed_delivery_step_leaves_celery_alone():
+    consumer, step = _consumer("amqp://a//")
+    assert follow_connection(consumer) is False
+    assert type(step) is delayed_delivery.DelayedDelivery
+    consumer, step = _consumer("amqp://a//;amqp://b//")
+    consumer.blueprint.steps.clear()
+    assert follow_connection(consumer) is False
