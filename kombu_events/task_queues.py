@@ -26,7 +26,7 @@ from .errors import ConfigurationError
 try:  # Celery >= 5.5
     from celery.worker.consumer import delayed_delivery
 except ImportError:  # pragma: no cover - older Celery has no native delayed delivery
-    delayed_delivery = None  # type: ignore[assignment]
+    delayed_delivery = None
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def check_task_queues(app: Any, services: Iterable[Any]) -> None:
 
 
 if delayed_delivery is not None:
-    class ConnectedNodeDelayedDelivery(delayed_delivery.DelayedDelivery):  # type: ignore[misc]
+    class ConnectedNodeDelayedDelivery(delayed_delivery.DelayedDelivery):
         """Celery's native delayed delivery, set up through the URL the consumer is connected to."""
 
         name = delayed_delivery.DelayedDelivery.name  # the blueprint knows the step by it
