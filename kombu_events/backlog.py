@@ -139,9 +139,8 @@ class Backlog:
         db = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
                              check_same_thread=False)
         db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        db.execute("PRAGMA journal_mode = WAL")
+        _set_up(db, deadline=time.monotonic() + self.busy_timeout_s)
         db.execute("PRAGMA synchronous = FULL")
-        db.executescript(_SCHEMA)
         self._db, self._pid = db, os.getpid()
         return db
 
@@ -258,6 +257,25 @@ def open_backlog(option: str | os.PathLike[str] | Backlog | None) -> Backlog | N
         raise ConfigurationError(f"backlog must be a file path or a Backlog, got {option!r}")
     option.check()
     return option
+
+
+def _set_up(db: sqlite3.Connection, deadline: float) -> None:
+    """WAL mode and the tables, retried while another process does the same (until ``deadline``).
+
+    Switching a new file to WAL takes an exclusive lock for which SQLite does not wait
+    (``database is locked`` at once), so processes that start together (gunicorn's
+    workers) take turns here; the mode is kept in the file, so later opens only read it.
+    """
+    while True:
+        try:
+            if str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                db.execute("PRAGMA journal_mode = WAL")
+            db.executescript(_SCHEMA)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005 + 0.02 * (os.getpid() % 7) / 7)  # apart, so they do not collide again
 
 
 @contextmanager

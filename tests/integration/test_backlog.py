@@ -61,6 +61,8 @@ def entities(private_broker):
     exchange, queue = unique("ex"), unique("q")
     private_broker.declare(exchange, queue)
     yield exchange, queue
+    if not private_broker.app_running:  # a test that failed while the node was stopped
+        private_broker.start_app()
     private_broker.delete(exchange, queue)
 
 

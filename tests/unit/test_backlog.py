@@ -156,6 +156,32 @@ def test_several_writers_share_one_file(tmp_path):
         assert mine == [f"{k}-{n}" for n in range(25)], "each writer's order kept"
 
 
+def test_processes_opening_a_new_file_at_once_all_succeed(tmp_path):
+    """gunicorn's workers start together: the first to switch the file to WAL must not fail the others."""
+    path = tmp_path / "fresh.sqlite3"
+    for _round in range(5):
+        for leftover in tmp_path.glob("fresh.sqlite3*"):
+            leftover.unlink()
+        read, write = os.pipe()
+        children = []
+        for _ in range(8):
+            pid = os.fork()
+            if pid == 0:  # wait for the go, then open the backlog as Events(...) does
+                try:
+                    os.close(write)
+                    os.read(read, 1)
+                    open_backlog(str(path)).store([item(os.getpid())])
+                    os._exit(0)
+                except BaseException:
+                    os._exit(1)
+            children.append(pid)
+        os.close(read)
+        os.close(write)  # every child reads EOF at once: go
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+        assert codes == [0] * 8
+        assert Backlog(path).status().depth == 8
+
+
 def test_a_forked_child_opens_its_own_connection(backlog):
     backlog.store([item(1)])
     pid = os.fork()
