@@ -65,7 +65,7 @@ def read_delivery(
     routing_key = key if isinstance(key, str) else ""
     redelivered = bool(delivery_info.get("redelivered"))
     if not isinstance(body, bytes):
-        body = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else b""
+        body = _body_bytes(body)
     if not isinstance(properties, Mapping):
         return Delivery(queue, routing_key, body, {}, redelivered=redelivered, received=received,
                         unreadable=f"message properties are not a table: {type(properties).__name__}")
@@ -88,3 +88,14 @@ def read_delivery(
 def _not_utf8(routing_key: str) -> str:
     """Why ``routing_key`` cannot be used as text ('' if it can)."""
     return "routing key is not valid UTF-8" if isinstance(routing_key, wire.Undecoded) else ""
+
+
+def _body_bytes(body: Any) -> bytes:
+    """A body py-amqp decoded to text, as bytes again (undecodable bytes as they came; lone surrogates
+    as py-amqp would send them); anything else is no body."""
+    if not isinstance(body, str):
+        return b""
+    try:
+        return body.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no undecodable byte stands for, e.g. '\ud800'
+        return body.encode("utf-8", "surrogatepass")

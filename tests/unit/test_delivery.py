@@ -178,3 +178,9 @@ def test_a_quorum_queues_delivery_count_says_how_often_a_message_was_redelivered
     # A worker killed three times while holding it: the fourth delivery carries x-delivery-count 3.
     delivery = _read({"application_headers": {"x-delivery-count": 3}}, redelivered=True)
     assert (delivery.attempt, delivery.redeliveries, delivery.redelivered) == (1, 2, True)
+
+
+@pytest.mark.parametrize("body, expected", [("\udcff", b"\xff"), ("\ud800", b"\xed\xa0\x80"),
+                                            ("a\ud800\udcff", b"a\xed\xa0\x80\xed\xb3\xbf")])
+def test_a_text_body_with_surrogates_becomes_bytes_without_raising(body, expected):
+    assert read_delivery("q", body, {}, {}).body == expected
