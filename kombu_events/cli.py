@@ -1,5 +1,5 @@
 """The ``kombu-events`` command: declare, status, health, archive list/show/replay/purge, publish, backlog
-status/flush, schedules."""
+status/flush, schedules, migrate."""
 from __future__ import annotations
 
 __all__ = ["main", "cli"]
@@ -17,7 +17,7 @@ import click
 from amqp.exceptions import NotFound
 from kombu import Connection
 
-from . import archive as archive_ops, registry, wire_guard
+from . import archive as archive_ops, migrate as migrate_ops, registry, wire_guard
 from .backlog import Backlog
 from .config import Settings, broker_url
 from .declare import declare as declare_topology
@@ -429,6 +429,50 @@ def _peek(connection: Connection, queue: str) -> Any:
             pass
 
 
+@cli.command()
+@click.option("--to", "to", type=click.Choice(["quorum", "classic"]), required=True,
+              help="The queue type to move every queue of the service to.")
+@click.option("--dry-run", is_flag=True, help="Print what each queue holds and every step; change nothing.")
+@click.pass_obj
+@_guarded
+def migrate(obj: Context, to: str, dry_run: bool) -> None:
+    """Move the service's queues to quorum (or classic) queues without losing a message.
+
+    Stop the service's workers first: a queue with a consumer is refused. A run that
+    stopped anywhere is finished by running the command again.
+    """
+    events = obj.events
+    topology = build_topology(dataclasses.replace(events.settings, queue_type=to), events.handlers,
+                              events.schedules)
+    queues = list(topology.queues)
+    with obj.connection() as conn:
+        states = migrate_ops.observe(conn, queues)
+        steps = migrate_ops.plan(queues, states)
+        if not steps:
+            click.echo(f"every queue of service {events.service} is already declared as {to}: nothing to do")
+        else:
+            for queue in queues:
+                state, holding = states[queue.name], states[migrate_ops.holding_name(queue.name)]
+                if state.exists and not state.matches:
+                    click.echo(f"{queue.name}: {state.messages} message(s), to move ({state.why})")
+                if holding.exists:
+                    click.echo(f"{holding.name}: {holding.messages} message(s) from an unfinished run")
+            if dry_run:
+                click.echo(f"dry run: {len(steps)} step(s) would run:")
+                for step in steps:
+                    click.echo(f"  {step.describe()}")
+            else:
+                for exchange in topology.exchanges:  # what the queues bind to (idempotent)
+                    exchange.bind(conn.default_channel).declare()
+                moved = migrate_ops.execute(conn, queues, steps, report=click.echo)
+                total = sum(n for name, n in moved.items() if not name.endswith(migrate_ops.SUFFIX))
+                click.echo(f"migrated service {events.service} to {to} queues: {total} message(s) moved "
+                           f"through holding queues, none left behind")
+    if events.settings.queue_type != to:
+        click.echo(f"warning: the app declares queue_type={events.settings.queue_type!r}: set "
+                   f"queue_type={to!r} before starting its workers, or they cannot declare these queues", err=True)
+
+
 def _examples(command: click.Command, *lines: str) -> None:
     """End ``command``'s help with an Examples block of ``lines`` (``\\b``: click prints it as written)."""
     command.epilog = "\b\nExamples:\n" + "\n".join("  " + line for line in lines)
@@ -472,6 +516,9 @@ _examples(publish,
           "kombu-events publish --delay 30 orders.7.remind '{\"order_id\": 7}'    # every subscriber, in 30 s",
           "kombu-events -A proj.events publish billing.invoice.paid '{\"id\": 7}'  # to the service's exchange")
 
+_examples(migrate,
+          "kombu-events -A proj.events migrate --to quorum --dry-run   # what each queue holds, every step",
+          "kombu-events -A proj.events migrate --to quorum             # workers stopped; then set queue_type")
 _examples(backlog,
           "kombu-events -A proj.events backlog status",
           "kombu-events -A proj.events backlog flush")

@@ -23,11 +23,12 @@ def conflict_error(exc: PreconditionFailed, kind: str, name: str) -> TopologyCon
     found = _INEQUIVALENT.search(text)
     argument = found.group(1) if found else None
     what = f"argument {argument!r}" if argument else "its arguments"
-    return TopologyConflictError(
-        f"{kind} {name!r} already exists on the broker with a different {what}: {text}. "
-        f"Delete it (after draining it) or align the settings, then declare again.",
-        entity=name, argument=argument,
-    )
+    fix = "Delete it (after draining it) or align the settings, then declare again."
+    if kind == "queue":  # the queue type, or any argument: migrate recreates it with its messages
+        fix += (" To recreate the service's queues with their messages (from classic to quorum, or back), stop its "
+                "workers and run `kombu-events migrate --to quorum` (or `--to classic`).")
+    return TopologyConflictError(f"{kind} {name!r} already exists on the broker with a different {what}: {text}. {fix}",
+                                 entity=name, argument=argument)
 
 
 def declare(topology: Topology, connection: Any) -> dict[str, int]:
