@@ -89,6 +89,8 @@ class Settings:
                 f"exchange={self.exchange!r} leaves no room for the names of its delayed-publishing ladder "
                 f"('<exchange>.deferred.<level>' must fit {names.MAX_NAME_BYTES} bytes): shorten it, "
                 "or set publish_delay_levels=0")
+        for levels, unit in (("delay_levels", "delay_unit_ms"), ("publish_delay_levels", "publish_delay_unit_ms")):
+            _check_ladder(levels, getattr(self, levels), unit, getattr(self, unit))
         self._check_circuit_breaker()
         backoff = self.backoff
         if backoff is None:
@@ -145,6 +147,20 @@ class Settings:
             f"{setting}={delay_ms:g} does not fit the delay ladder: {self.delay_levels} levels of "
             f"{self.delay_unit_ms} ms hold at most {self.max_delay_ms} ms; lower it or raise delay_levels"
         )
+
+
+#: The largest x-message-ttl RabbitMQ accepts (ms, about 49.7 days).
+MAX_TTL_MS = 2**32 - 1
+
+
+def _check_ladder(levels_setting: str, levels: int, unit_setting: str, unit_ms: int) -> None:
+    """The top level of a ladder waits ``unit_ms * 2**(levels - 1)``: RabbitMQ must accept it as a queue TTL."""
+    if levels and unit_ms * 2 ** (levels - 1) > MAX_TTL_MS:
+        fit = max(n for n in range(1, 33) if unit_ms * 2 ** (n - 1) <= MAX_TTL_MS)
+        raise ConfigurationError(
+            f"{levels_setting}={levels} with {unit_setting}={unit_ms}: the top level's TTL "
+            f"({unit_ms * 2 ** (levels - 1)} ms) is more than RabbitMQ accepts ({MAX_TTL_MS} ms, about 49 days); "
+            f"at most {fit} levels of {unit_ms} ms")
 
 
 def _check_int(setting: str, value: Any, low: int, high: int) -> None:

@@ -15,14 +15,19 @@ from .topology import Topology
 logger = logging.getLogger(__name__)
 
 _INEQUIVALENT = re.compile(r"inequivalent arg '([^']+)' for (queue|exchange) '([^']+)'")
+_INVALID = re.compile(r"invalid arg '([^']+)' for (queue|exchange) '([^']+)'")
 
 
 def conflict_error(exc: PreconditionFailed, kind: str, name: str) -> TopologyConflictError:
     """A clear error for a PRECONDITION_FAILED on declaring ``kind`` ``name``."""
     text = str(getattr(exc, "reply_text", "") or exc)
+    invalid = _INVALID.search(text)
+    if invalid:  # not a conflict: RabbitMQ refuses the value itself
+        return TopologyConflictError(f"RabbitMQ refused argument {invalid.group(1)!r} of {kind} {name!r}: {text}. "
+                                     "Change the setting that produces it.", entity=name, argument=invalid.group(1))
     found = _INEQUIVALENT.search(text)
     argument = found.group(1) if found else None
-    what = f"argument {argument!r}" if argument else "its arguments"
+    what = f"argument {argument!r}" if argument else "set of arguments"
     fix = "Delete it (after draining it) or align the settings, then declare again."
     if kind == "queue":  # the queue type, or any argument: migrate recreates it with its messages
         fix += (" To recreate the service's queues with their messages (from classic to quorum, or back), stop its "

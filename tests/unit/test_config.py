@@ -183,7 +183,21 @@ def test_check_delay():
 
 @pytest.mark.parametrize("levels", [1, 16, 32])
 def test_max_queue_bytes_leaves_room_for_the_ladder_words(levels):
-    assert Settings(service="s", delay_levels=levels).max_queue_bytes == 255 - 2 * levels
+    assert Settings(service="s", delay_levels=levels, delay_unit_ms=1).max_queue_bytes == 255 - 2 * levels
+
+
+@pytest.mark.parametrize("levels, unit, publish", [(24, 1000, False), (32, 2, False), (17, 65_536, True),
+                                                   (7, 24 * 3600 * 1000, True)])
+def test_a_ladder_whose_top_ttl_rabbitmq_refuses_is_a_clear_error(levels, unit, publish):
+    prefix = "publish_" if publish else ""
+    with pytest.raises(ConfigurationError, match=rf"{prefix}delay_levels={levels} with {prefix}delay_unit_ms={unit}: "
+                       r"the top level's TTL \(\d+ ms\) is more than RabbitMQ accepts \(4294967295 ms"):
+        Settings(service="s", **{f"{prefix}delay_levels": levels, f"{prefix}delay_unit_ms": unit})
+
+
+@pytest.mark.parametrize("levels, unit", [(23, 1000), (32, 1), (1, 24 * 3600 * 1000)])
+def test_the_largest_ladders_rabbitmq_accepts_are_allowed(levels, unit):
+    assert Settings(service="s", delay_levels=levels, delay_unit_ms=unit).delay_levels == levels
 
 
 def _app(url):

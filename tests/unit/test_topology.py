@@ -137,8 +137,8 @@ def test_archive_arguments_are_omitted_when_zero(ttl, length, expected):
        st.integers(min_value=0, max_value=32))
 def test_entity_counts(handler_count, levels, publish_levels):
     handlers = [_handler(f"svc.h{i}", f"k{i}.#") for i in range(handler_count)]
-    topology = build_topology(Settings(service="svc", delay_levels=levels, publish_delay_levels=publish_levels),
-                              handlers)
+    topology = build_topology(Settings(service="svc", delay_levels=levels, publish_delay_levels=publish_levels,
+                                       delay_unit_ms=1, publish_delay_unit_ms=1), handlers)  # 32 levels fit
     shared = publish_levels + 1 if publish_levels else 0  # its levels and the unrouted queue
     assert len(topology.queues) == levels + handler_count + 1 + shared
     assert len(topology.exchanges) == levels + 3 + (publish_levels + 2 if publish_levels else 0)
