@@ -205,19 +205,21 @@ def celery_tasks(pool: str, concurrency: int) -> Callable[[Context], Run]:
 
 
 def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int = 1,
-                    tracing: float = 0, metrics: bool = False) -> Callable[[Context], Run]:
+                    tracing: float = 0, metrics: bool = False, prefetch: int | None = None) -> Callable[[Context], Run]:
     """kombu-events: handlers under ``celery worker --with-events-step``.
 
     ``tracing``: with TracingMiddleware sampling that share of traces (0: none, 1: all); ``metrics``: the
-    worker serves Prometheus metrics (``--events-metrics-port``).
+    worker serves Prometheus metrics (``--events-metrics-port``); ``prefetch``: the service's
+    ``prefetch_count`` (per handler queue; default 100).
     """
     def run(ctx: Context) -> Run:
         suffix = (f"-traced{tracing:g}" if tracing else "") + ("-metrics" if metrics else "")
+        suffix += f"-p{prefetch}" if prefetch is not None else ""
         out = ctx.directory(f"events-{mode}-{pool}-{queues}q{suffix}")
         acks = 2 * ctx.n if mode == "fail_once" else ctx.n
         keys = [routing_key(k) for k in range(queues)]
         extra = ("--events-metrics-port", str(_free_port())) if metrics else ()
-        with _Service(ctx, mode=mode, queues=queues, tracing=tracing) as service:
+        with _Service(ctx, mode=mode, queues=queues, tracing=tracing, prefetch=prefetch) as service:
             run = _throughput(
                 ctx, out,
                 lambda: service.worker(pool, concurrency, _env(out, ctx.n, acks), out, *extra),
@@ -243,8 +245,9 @@ def _env(out: Path, n: int, acks: int | str, **more: str) -> dict[str, str]:
 class _Service:
     """A kombu-events service of the run: topology declared on entry, every entity deleted on exit."""
 
-    def __init__(self, ctx: Context, mode: str, queues: int = 1, tracing: float = 0) -> None:
-        self.ctx, self.mode, self.queues, self.tracing = ctx, mode, queues, tracing
+    def __init__(self, ctx: Context, mode: str, queues: int = 1, tracing: float = 0,
+                 prefetch: int | None = None) -> None:
+        self.ctx, self.mode, self.queues, self.tracing, self.prefetch = ctx, mode, queues, tracing, prefetch
         self.name = ctx.name("svc")
         self.task_queue = f"{self.name}.tasks"
         app = make_app("kebench-runner", ctx.url, self.task_queue)
@@ -267,7 +270,8 @@ class _Service:
     def worker(self, pool: str, concurrency: int, env: dict[str, str], out: Path, *extra: str) -> Consumer:
         env = {**env, "KEB_SERVICE": self.name, "KEB_EXCHANGE": self.ctx.exchange, "KEB_BROKER": self.ctx.url,
                "KEB_TASKQ": self.task_queue, "KEB_MODE": self.mode, "KEB_QUEUES": str(self.queues),
-               "KEB_WAIT_S": str(self.ctx.wait_s), **({"KEB_TRACING": str(self.tracing)} if self.tracing else {})}
+               "KEB_WAIT_S": str(self.ctx.wait_s), **({"KEB_TRACING": str(self.tracing)} if self.tracing else {}),
+               **({"KEB_PREFETCH": str(self.prefetch)} if self.prefetch is not None else {})}
         return Consumer.celery("benchmarks.apps.events_app", pool, concurrency, env, out,
                                "--with-events-step", "-Q", self.task_queue, *extra)
 

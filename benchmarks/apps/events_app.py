@@ -84,16 +84,24 @@ def _tracing(ratio: float) -> Middleware:
 
 
 def build(app: Celery, *, service: str, exchange: str, mode: str = "noop", queues: int = 1,
-          wait_s: float = 120, tracing: float = 0) -> Events:
+          wait_s: float = 120, tracing: float = 0, prefetch: int | None = None,
+          queue_type: str = "classic") -> Events:
     """The benchmark service: ``queues`` handlers of ``mode`` on ``app``.
 
     ``tracing``: with TracingMiddleware, sampling that share of new traces (1: every one).
+    ``prefetch``: the service's ``prefetch_count`` (messages in flight per handler queue; default 100).
+    ``queue_type="quorum"`` makes Celery's queues quorum too, as the events step requires.
     """
+    if queue_type == "quorum":
+        app.conf.task_default_queue_type = "quorum"
     settings: dict[str, Any] = {"delay_unit_ms": FAIL_ONCE_UNIT_MS} if mode == "fail_once" else {}
+    if prefetch is not None:
+        settings["prefetch_count"] = prefetch
     if os.environ.get("KEB_PUBLISH_DELAY_UNIT_MS"):  # benchmarks.delayed: its own ladder unit
         settings["publish_delay_unit_ms"] = int(os.environ["KEB_PUBLISH_DELAY_UNIT_MS"])
     middleware = [_tracing(tracing)] if tracing else []
-    events = Events(app, service=service, exchange=exchange, middleware=middleware, **settings)
+    events = Events(app, service=service, exchange=exchange, middleware=middleware, queue_type=queue_type,
+                    **settings)
     for k in range(queues):
         fn, options = _handler(mode, wait_s)
         events.handler(routing_key(k), name=f"h{k}", **options)(fn)
@@ -113,4 +121,6 @@ if "KEB_SERVICE" in os.environ:  # imported by the worker
     app = make_app("kebench", os.environ["KEB_BROKER"], os.environ["KEB_TASKQ"])
     events = build(app, service=os.environ["KEB_SERVICE"], exchange=os.environ["KEB_EXCHANGE"],
                    mode=os.environ.get("KEB_MODE", "noop"), queues=int(os.environ.get("KEB_QUEUES", "1")),
-                   wait_s=float(os.environ.get("KEB_WAIT_S", "120")), tracing=float(os.environ.get("KEB_TRACING") or 0))
+                   wait_s=float(os.environ.get("KEB_WAIT_S", "120")), tracing=float(os.environ.get("KEB_TRACING") or 0),
+                   prefetch=int(os.environ["KEB_PREFETCH"]) if os.environ.get("KEB_PREFETCH") else None,
+                   queue_type=os.environ.get("KEB_QUEUE_TYPE", "classic"))
