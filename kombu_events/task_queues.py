@@ -101,9 +101,17 @@ def follow_connection(consumer: Any) -> bool:
         return False
     steps = getattr(getattr(consumer, "blueprint", None), "steps", None) or {}
     step = steps.get(delayed_delivery.DelayedDelivery.name)
-    if not isinstance(step, delayed_delivery.DelayedDelivery):
+    if not isinstance(step, delayed_delivery.DelayedDelivery) or not _celery_has_what_it_uses():
         return False
     step.__class__ = ConnectedNodeDelayedDelivery
     logger.info("kombu-events: Celery's native delayed delivery is set up through the connected node only, "
                 "not on each of broker_url's URLs in turn: a dead node would hold the worker back ~17 s")
     return True
+
+
+def _celery_has_what_it_uses() -> bool:
+    """Whether this Celery's DelayedDelivery still has the parts the subclass calls (else Celery's is kept)."""
+    parts = ("_setup_delayed_delivery", "_validate_configuration", "_on_retry")
+    names = ("retry_over_time", "RETRIED_EXCEPTIONS", "RETRY_INTERVAL", "MAX_RETRIES")
+    return (all(hasattr(delayed_delivery.DelayedDelivery, part) for part in parts)
+            and all(hasattr(delayed_delivery, name) for name in names))

@@ -105,3 +105,11 @@ def test_one_url_or_no_delayed_delivery_step_leaves_celery_alone():
     consumer, step = _consumer("amqp://a//;amqp://b//")
     consumer.blueprint.steps.clear()
     assert follow_connection(consumer) is False
+
+
+def test_a_celery_without_the_parts_it_uses_keeps_its_own_step(mocker):
+    consumer, step = _consumer("amqp://a//;amqp://b//")
+    mocker.patch.object(delayed_delivery, "RETRIED_EXCEPTIONS")  # restored after the test...
+    delattr(delayed_delivery, "RETRIED_EXCEPTIONS")  # ...which sees a Celery without it
+    assert follow_connection(consumer) is False
+    assert type(step) is delayed_delivery.DelayedDelivery
