@@ -16,7 +16,7 @@ import textwrap
 import psycopg
 import pytest
 
-from .harness import get_messages, publish_amqp, unique, wait_for
+from .harness import get_messages, publish_amqp, queue_depth, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -128,6 +128,9 @@ def test_a_handler_recovers_from_a_terminated_database_connection(make_project, 
     three = send("three")
     if mode == "off":
         wait_for(lambda: len(project.records(note="three")) == 2, what="the retry of event three")
+        # The handler records before it raises: the archive copy follows once the main process settles.
+        wait_for(lambda: queue_depth(project.broker_url, f"{project.service}.archive")[0] == 1,
+                 what="event three archived")
     worker.stop()
     with psycopg.connect(dbname=database, autocommit=True, **POSTGRES) as connection:
         rows = connection.execute("SELECT note FROM things_row ORDER BY id").fetchall()
