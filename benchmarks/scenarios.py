@@ -210,7 +210,7 @@ def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int
 
     ``tracing``: with TracingMiddleware sampling that share of traces (0: none, 1: all); ``metrics``: the
     worker serves Prometheus metrics (``--events-metrics-port``); ``prefetch``: the service's
-    ``prefetch_count`` (per handler queue; default 100).
+    ``prefetch_count`` (per handler queue; default: the library's, see config.auto_prefetch).
     """
     def run(ctx: Context) -> Run:
         suffix = (f"-traced{tracing:g}" if tracing else "") + ("-metrics" if metrics else "")

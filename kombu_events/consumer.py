@@ -46,6 +46,7 @@ class ServiceConsumer:
         self._queues = {q.name: q for q in self.topology.handler_queues}
         #: Handlers with a prefetch of their own (e.g. 1 for a periodic schedule's token queue).
         self._prefetch = {r.handler.queue: r.handler.prefetch for r in self.routes if r.handler.prefetch is not None}
+        self.prefetch_count: int = events.prefetch_count
         #: Pause/resume and timers for middleware (the same object across reconnects).
         self.control = Control(self.settings.service, tuple(r.handler.queue for r in self.routes), self)
         self._consumers: dict[str, Consumer] = {}
@@ -73,7 +74,7 @@ class ServiceConsumer:
         channel = connection.channel()
         channel.auto_decode = False  # handlers get the body bytes as published, never a str
         channel.message_to_python = partial(_as_published, channel)
-        channel.basic_qos(0, self.settings.prefetch_count, False)
+        channel.basic_qos(0, self.prefetch_count, False)
         publish_channel = connection.channel()
         self._confirmer = Confirmer(publish_channel, check_frame_size=True)
         self._channels = [channel, publish_channel]
@@ -148,7 +149,7 @@ class ServiceConsumer:
             self._active.add(queue)
         finally:
             if prefetch is not None:
-                _quietly(channel.basic_qos, 0, self.settings.prefetch_count, False)
+                _quietly(channel.basic_qos, 0, self.prefetch_count, False)
 
     def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the event loop thread (directly when already on it, or without a loop)."""

@@ -308,10 +308,17 @@ class Events:
             if not guarded and not self._checks:
                 self._hooks = Hooks((*self._middleware, *seeder)) if seeder else self._user_hooks
             else:
-                breakers = Breakers(guarded, self._checks, prefetch_count=self.settings.prefetch_count,
+                breakers = Breakers(guarded, self._checks, prefetch_count=self.prefetch_count,
                                     max_delay_ms=self.settings.max_delay_ms)
                 self._hooks = Hooks((*self._middleware, *seeder, breakers))
         return self._hooks
+
+    @property
+    def prefetch_count(self) -> int:
+        """Messages in flight per handler queue and worker, unless a handler sets its own ``prefetch``:
+        the ``prefetch_count`` setting, else 100, lowered for services of many queues (see
+        :func:`~kombu_events.config.auto_prefetch`)."""
+        return self.settings.prefetch_per_queue(len(self.handlers))
 
     def routes(self) -> list[Route]:
         """What the process running each handler needs: handler, accepted types, middleware."""

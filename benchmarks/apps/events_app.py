@@ -89,7 +89,8 @@ def build(app: Celery, *, service: str, exchange: str, mode: str = "noop", queue
     """The benchmark service: ``queues`` handlers of ``mode`` on ``app``.
 
     ``tracing``: with TracingMiddleware, sampling that share of new traces (1: every one).
-    ``prefetch``: the service's ``prefetch_count`` (messages in flight per handler queue; default 100).
+    ``prefetch``: the service's ``prefetch_count`` (messages in flight per handler queue; default:
+    the library's, see config.auto_prefetch).
     ``queue_type="quorum"`` makes Celery's queues quorum too, as the events step requires.
     """
     if queue_type == "quorum":

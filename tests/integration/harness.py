@@ -215,6 +215,17 @@ def queue_counts(broker_url: str) -> dict[str, tuple[int, int, int]]:
     return counts
 
 
+def consumer_prefetch(broker_url: str) -> dict[str, list[int]]:
+    """{queue: [prefetch count of each of its consumers]} in the URL's vhost (rabbitmqctl)."""
+    out = subprocess.run(["rabbitmqctl", "-q", "list_consumers", "-p", _vhost(broker_url), "--no-table-headers",
+                          "queue_name", "prefetch_count"], capture_output=True, text=True, check=True).stdout
+    found: dict[str, list[int]] = {}
+    for line in out.splitlines():
+        name, prefetch = line.rsplit("\t", 1)
+        found.setdefault(name, []).append(int(prefetch))
+    return found
+
+
 def get_messages(broker_url: str, queue: str) -> list[Any]:
     """Take every ready message out of ``queue`` (``.body`` as bytes, ``.headers``, ``.properties``)."""
     messages = []

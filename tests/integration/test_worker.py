@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from .harness import get_messages, node_message as message, queue_counts, queue_depth, wait_for
+from .harness import consumer_prefetch, get_messages, node_message as message, queue_counts, queue_depth, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -417,3 +417,36 @@ def test_events_prefetched_by_a_killed_worker_are_handled_by_the_next(make_proje
     assert set(archived) <= started, f"archived without ever being handled: {sorted(set(archived) - started)}"
     handled = {r["id"] for r in project.records(what="end")}
     assert handled | set(archived) == set(range(20))
+
+
+# -- 11. prefetch: many handler queues share 500 in flight unless prefetch_count is set -------
+
+MANY_QUEUES_APP = """
+events = Events(app, service=SERVICE, exchange=EXCHANGE, **SETTINGS)
+
+def handle(payload):
+    record(payload=payload)
+
+for k in range(60):
+    events.handler(f"many.{k}", name=f"h{k}")(handle)
+events.handler("few.one", name="own", prefetch=3)(handle)
+"""
+
+
+@pytest.mark.parametrize("settings, expected", [({}, 10), ({"prefetch_count": 100}, 100)])
+def test_each_of_many_handler_queues_is_consumed_with_its_share_of_the_prefetch(make_project, settings, expected):
+    project = make_project(MANY_QUEUES_APP.replace("**SETTINGS", f"**{settings!r}"))
+    project.worker().wait_ready()
+
+    def consumers():
+        found = consumer_prefetch(project.broker_url)
+        mine = {q: p for q, p in found.items() if q.startswith(project.service + ".")}
+        mine.pop(f"{project.service}.tasks", None)  # Celery's task queue of this test (see HEADER)
+        return mine if len(mine) == 61 else None
+
+    mine = wait_for(consumers, what="61 consumers")
+    assert mine.pop(f"{project.service}.own") == [3]
+    assert set(mine) == {f"{project.service}.h{k}" for k in range(60)}
+    assert {q: p for q, p in mine.items() if p != [expected]} == {}
+    project.node_publish(message("many.59", {"i": 1}), message("few.one", {"i": 2}))
+    wait_for(lambda: len(project.records()) == 2, what="both events handled")

@@ -8,7 +8,7 @@ import celery
 import pytest
 
 from kombu_events.backoff import Constant, Exponential
-from kombu_events.config import ENV, Settings, broker_url, resolve_settings
+from kombu_events.config import ENV, Settings, auto_prefetch, broker_url, resolve_settings
 from kombu_events.errors import ConfigurationError
 
 
@@ -19,10 +19,23 @@ def test_defaults():
     assert s.archive_ttl_ms == 7 * 24 * 3600 * 1000
     assert s.archive_max_length == 100_000
     assert (s.prefetch_count, s.queue_type, s.accept_content, s.traceback_limit) == (
-        100, "classic", ("application/json",), 2000)
+        None, "classic", ("application/json",), 2000)
     assert s.backoff == Exponential(max_delay_ms=3_600_000)
     assert s.max_delay_ms == 65_535 * 1000
     assert s.max_queue_bytes == 255 - 2 * 16
+
+
+@pytest.mark.parametrize("queues, expected", [
+    (0, 100), (1, 100), (5, 100), (6, 83), (10, 50), (25, 20), (50, 10), (51, 10), (500, 10), (10_000, 10)])
+def test_an_unset_prefetch_count_shares_500_in_flight_between_many_queues(queues, expected):
+    assert auto_prefetch(queues) == expected
+    assert Settings(service="s").prefetch_per_queue(queues) == expected
+
+
+@pytest.mark.parametrize("queues", [1, 50, 500])
+def test_a_prefetch_count_set_is_used_whatever_the_number_of_queues(queues):
+    assert Settings(service="s", prefetch_count=100).prefetch_per_queue(queues) == 100
+    assert Settings(service="s", prefetch_count=3).prefetch_per_queue(queues) == 3
 
 
 @pytest.mark.parametrize(
