@@ -53,19 +53,23 @@ def main() -> int:
 
 
 def _delete_topology() -> None:
-    """A demo leaves nothing behind: delete the demo service's queues and exchanges."""
+    """A demo leaves nothing behind: delete the demo service's queues and exchanges, and its task queue and
+    exchange. Celery's remote-control exchange (``celery.pidbox``) stays: every worker on the vhost shares it."""
     from kombu import Connection
 
-    from kombu_events.demo.app import events
+    from kombu_events.demo.app import app, events
 
     topology = events.topology()
+    queues = [queue.name for queue in topology.queues] + [app.conf.task_default_queue]
+    exchanges = [exchange.name for exchange in topology.exchanges] + [app.conf.task_default_exchange
+                                                                      or app.conf.task_default_queue]
     with Connection(events.broker_url) as conn:
         channel = conn.channel()
-        for queue in topology.queues:
-            channel.queue_delete(queue.name)
-        for exchange in topology.exchanges:
-            channel.exchange_delete(exchange.name)
-    say(f"deleted the demo's {len(topology.queues)} queues and {len(topology.exchanges)} exchanges")
+        for queue in queues:
+            channel.queue_delete(queue)
+        for exchange in exchanges:
+            channel.exchange_delete(exchange)
+    say(f"deleted the demo's {len(queues)} queues and {len(exchanges)} exchanges")
 
 
 def _follow(worker: subprocess.Popen[str], handled: list[str], ready: threading.Event) -> None:
