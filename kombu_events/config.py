@@ -40,6 +40,9 @@ LIMITS = {
     "quorum_initial_group_size": (1, 999),
 }
 
+#: Integer settings that may be left unset (None): the library then picks (see auto_prefetch).
+UNSET_ALLOWED = frozenset({"prefetch_count"})
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -72,8 +75,9 @@ class Settings:
         names.validate_name("service", self.service, max_bytes=200)
         names.validate_name("exchange", self.exchange)
         for setting, (low, high) in LIMITS.items():
-            if setting != "prefetch_count" or self.prefetch_count is not None:
-                _check_int(setting, getattr(self, setting), low, high)
+            value = getattr(self, setting)
+            if value is not None or setting not in UNSET_ALLOWED:
+                _check_int(setting, value, low, high)
         _check_choice("queue_type", self.queue_type, QUEUE_TYPES)
         _check_choice("django_connections", self.django_connections, DJANGO_CONNECTIONS)
         if isinstance(self.accept_content, str) or not self.accept_content:
@@ -163,8 +167,9 @@ def auto_prefetch(queues: int) -> int:
     """Per-queue prefetch when the user set none: 100, or a share of 500 in flight for many queues.
 
     Every handler queue has its own consumer, so a service of 50 queues at 100 each could
-    have 5,000 messages in one worker: the broker then pushes more than the worker's
-    event loop reads (50 queues ran at 0.85x the 1-queue rate, 0.92x with 10 each).
+    hold 5,000 messages in one worker, all redelivered if it dies and none left for the
+    fleet's other workers. Throughput with 50 queues was within run-to-run noise either way
+    (benchmarks/README.md, "Scaling").
     """
     return max(MIN_AUTO_PREFETCH, min(DEFAULT_PREFETCH, PREFETCH_BUDGET // max(1, queues)))
 
