@@ -5,6 +5,12 @@ message, the pool runs its handler, :func:`~kombu_events.plan.plan` decides, and
 :meth:`ServiceConsumer._execute` carries the plan out. A republish (retry, requeue,
 archive) is confirmed before the original is acked, so a crash in between
 duplicates, never loses.
+
+Every method that kombu, py-amqp, the pool or the hub calls logs what went wrong and
+returns: an exception escaping into Celery's event loop ends the worker. An effect
+on the connection asked for from inside one of them (a breaker pausing a queue from
+a ``settled`` hook, which runs inside a confirm) goes to a mailbox, drained on the
+event loop once the callback has returned (see :meth:`ServiceConsumer.call_soon_threadsafe`).
 """
 from __future__ import annotations
 
@@ -61,6 +67,8 @@ class ServiceConsumer:
         self._loop_ident = threading.get_ident()
         self._mailbox: deque[Callable[[], Any]] = deque()
         self._wake: tuple[int, int] | None = None
+        #: How many of our callbacks are running on this thread (nested when a wait drains frames).
+        self._depth = 0
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
 
@@ -96,15 +104,16 @@ class ServiceConsumer:
                 os.set_blocking(self._wake[0], False)
                 os.set_blocking(self._wake[1], False)
             self._hub.add_reader(self._wake[0], self._drain_mailbox)
-        for queue in list(self._consumers):
-            if not self.control.is_paused(queue):
-                self._subscribe(queue, None)
-        logger.info("kombu-events: service %s consuming %s", self.settings.service,
-                    ", ".join(sorted(self._active)) or "nothing (every queue is paused)")
         self._started = True
         self.control.attach(self._connection, self._hub)
         if self.hooks.on_started:
-            self.hooks.started(self.control)
+            self.hooks.started(self.control)  # what it pauses or resumes is queued, and carried out
+        self._drain_mailbox()  # here, before any consumer starts: a queue paused at start never gets one
+        for queue in list(self._consumers):
+            if queue not in self._active and not self.control.is_paused(queue):
+                self._subscribe(queue, None)
+        logger.info("kombu-events: service %s consuming %s", self.settings.service,
+                    ", ".join(sorted(self._active)) or "nothing (every queue is paused)")
 
     def stop(self) -> None:
         """Stop receiving; keep channels so handlers still running can ack."""
@@ -133,6 +142,8 @@ class ServiceConsumer:
         if consumer is None or not self._started:
             return  # not consuming now: consume() starts it, unless it is paused again by then
         if queue in self._active:
+            if prefetch is None:
+                return  # a pause that never took effect: consuming already
             _quietly(consumer.cancel)
         self._subscribe(queue, prefetch)
 
@@ -152,15 +163,27 @@ class ServiceConsumer:
                 _quietly(channel.basic_qos, 0, self.prefetch_count, False)
 
     def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` on the event loop thread (directly when already on it, or without a loop)."""
-        if self._wake is None or threading.get_ident() == self._loop_ident:
-            fn()
-            return
+        """Run ``fn`` on the event loop once the callback running now has returned; from any thread.
+
+        With an event loop, ``fn`` goes to the mailbox and a byte on the wake pipe makes
+        the hub drain it on its next turn -- outside any frame py-amqp is dispatching.
+        Without one (gevent, eventlet), it runs when the outermost callback of ours
+        returns, or at once if none is running.
+        """
         self._mailbox.append(fn)
-        try:
-            os.write(self._wake[1], b"\0")
-        except OSError:
-            pass  # a wake-up byte is already pending
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:
+                pass  # a wake-up byte is already pending
+        elif self._depth == 0:
+            self._drain_mailbox()
+
+    def _leave(self) -> None:
+        """One of our callbacks returns: without an event loop, the outermost one runs what it queued."""
+        self._depth -= 1
+        if not self._depth and self._mailbox and self._wake is None:
+            self._drain_mailbox()
 
     def shutdown(self) -> None:
         """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
@@ -198,15 +221,21 @@ class ServiceConsumer:
 
     def _on_message(self, route: Route, message: Any) -> None:
         """kombu callback on the event loop: nothing a publisher sends may raise out of here."""
+        self._depth += 1
         try:
             self._receive(route, message)
         except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
-                             getattr(message, "properties", {}).get("message_id"), route.handler.queue)
+                             _message_id(message), route.handler.queue)
+        finally:
+            self._leave()
 
     def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
         """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
-        logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
+        try:
+            logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
+        except Exception:  # noqa: S110 -- an exception whose repr raises must not stop the message
+            pass
         self._on_message(route, message)
 
     def _receive(self, route: Route, message: Any) -> None:
@@ -234,20 +263,36 @@ class ServiceConsumer:
         if self._wake is None or threading.get_ident() == self._loop_ident:
             self._settle(*item)  # the common case, without building a callable per message
         else:
-            self.call_soon_threadsafe(partial(self._settle, *item))
+            try:
+                self.call_soon_threadsafe(partial(self._settle, *item))
+            except Exception:  # e.g. the wake pipe closed at shutdown: the message stays unacked
+                logger.exception("kombu-events: could not hand a result back to the event loop; left unacked")
 
     def _drain_mailbox(self, *_: Any) -> None:
+        """Run what was queued for the loop, one by one; what they queue in turn runs in this same pass."""
+        if self._depth:
+            return  # inside one of our callbacks (or already draining): the outermost pass runs it
+        self._depth += 1
         try:
-            while self._wake is not None and os.read(self._wake[0], 4096):
+            try:
+                while self._wake is not None and os.read(self._wake[0], 4096):
+                    pass
+            except OSError:
                 pass
-        except OSError:
-            pass
-        while self._mailbox:
-            self._mailbox.popleft()()
+            while self._mailbox:
+                fn = self._mailbox.popleft()
+                try:
+                    fn()
+                except Exception:
+                    logger.exception("kombu-events: %s, queued for the event loop of service %s, failed; skipped",
+                                     getattr(fn, "__qualname__", fn), self.settings.service)
+        finally:
+            self._depth -= 1
 
     # -- carrying out the plan -----------------------------------------------------------------
 
     def _settle(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
+        self._depth += 1
         try:
             outcome = result if isinstance(result, decision.Outcome) else \
                 decision.lost(result, traceback_limit=self.settings.traceback_limit)
@@ -257,6 +302,8 @@ class ServiceConsumer:
         except Exception:  # never let one message break the event loop; it stays unacked
             logger.exception("kombu-events: could not settle message %r from %s; left unacked",
                              delivery.message_id, delivery.queue)
+        finally:
+            self._leave()
 
     def _execute(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome,
                  step: Step) -> None:
@@ -265,10 +312,19 @@ class ServiceConsumer:
             confirmer = self._confirmer
             if confirmer is None:
                 return  # channels are gone: the original is redelivered
-            on_ok = partial(self._ack, route, delivery, message, outcome, step)
+            def on_ok() -> None:  # both called by the Confirmer, from inside py-amqp's frame dispatch
+                self._depth += 1
+                try:
+                    self._ack(route, delivery, message, outcome, step)
+                finally:
+                    self._leave()
 
             def on_fail(why: str) -> None:
-                self._execute(route, delivery, message, outcome, step.if_refused(why))
+                self._depth += 1
+                try:
+                    self._execute(route, delivery, message, outcome, step.if_refused(why))
+                finally:
+                    self._leave()
 
             try:
                 confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,
@@ -306,6 +362,14 @@ def _as_published(channel: Any, raw: Any) -> Any:
     finally:
         headers.clear()
         headers.update(items)
+
+
+def _message_id(message: Any) -> Any:
+    """The message id of a message that may be broken in any way, for a log line."""
+    try:
+        return message.properties.get("message_id")
+    except Exception:
+        return None
 
 
 def _quietly(fn: Any, *args: Any) -> bool:

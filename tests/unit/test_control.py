@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -11,8 +12,11 @@ from kombu_events.middleware import Hooks
 
 
 class Consuming:
+    """Records what reaches the consumer; queued callables run only when the test turns the loop."""
+
     def __init__(self) -> None:
         self.calls: list[tuple] = []
+        self.queued: list = []
 
     def pause_queue(self, queue):
         self.calls.append(("pause", queue))
@@ -22,7 +26,13 @@ class Consuming:
 
     def call_soon_threadsafe(self, fn):
         self.calls.append(("soon",))
-        fn()
+        self.queued.append(fn)
+
+    def turn(self):
+        """One turn of the event loop: run what was queued (and what that queues)."""
+        while self.queued:
+            self.queued.pop(0)()
+        return [c for c in self.calls if c != ("soon",)]
 
 
 class Hub:
@@ -58,16 +68,45 @@ def test_pause_is_idempotent_and_remembers_why(control):
     control.pause("svc.a", "again")
     assert control.paused == {"svc.a": "circuit open"}
     assert control.is_paused("svc.a") and not control.is_paused("svc.b")
-    assert control._consuming.calls == [("pause", "svc.a")]
+    assert control._consuming.turn() == [("pause", "svc.a")]
+
+
+def test_pause_and_resume_reach_the_consumer_only_on_the_next_turn_of_the_loop(control):
+    """Asked for inside a broker callback, the cancel must not run inside it (it would drain frames)."""
+    control.pause("svc.a", "circuit open")
+    assert control.is_paused("svc.a"), "the wanted state changes at once"
+    assert control._consuming.calls == [("soon",)], "the effect waits for the loop"
+    assert control._consuming.turn() == [("pause", "svc.a")]
+
+
+def test_a_request_superseded_before_the_loop_turns_is_skipped(control):
+    control.pause("svc.a")
+    control.resume("svc.a")
+    assert control._consuming.turn() == [("resume", "svc.a", None)], "the pause never reaches the consumer"
+    control.pause("svc.b")
+    control.resume("svc.b", prefetch=1)
+    control.pause("svc.b")
+    assert control._consuming.turn()[1:] == [("pause", "svc.b")]
+    assert control.paused == {"svc.b": ""}
+
+
+def test_pause_from_many_threads_at_once_is_one_pause(control):
+    threads = [threading.Thread(target=control.pause, args=("svc.a", f"t{n}")) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert control._consuming.turn() == [("pause", "svc.a")]
 
 
 def test_resume_only_touches_a_paused_queue_unless_a_prefetch_is_asked(control):
     control.resume("svc.a")
     assert control._consuming.calls == []
     control.pause("svc.a")
+    control._consuming.turn()
     control.resume("svc.a", prefetch=1)
     control.resume("svc.b", prefetch=100)
-    assert control._consuming.calls == [("pause", "svc.a"), ("resume", "svc.a", 1), ("resume", "svc.b", 100)]
+    assert control._consuming.turn() == [("pause", "svc.a"), ("resume", "svc.a", 1), ("resume", "svc.b", 100)]
     assert control.paused == {}
 
 
@@ -100,6 +139,30 @@ def test_timers_go_to_the_hub_and_are_cancelled_when_the_step_stops(control):
     assert control.connection is None
 
 
+def test_a_timer_asked_for_from_another_thread_is_set_on_the_loop(control):
+    hub = Hub()
+    control.attach("connection", hub)  # on this thread: the loop's
+    timers = []
+    worker = threading.Thread(target=lambda: timers.append(control.call_after(5, lambda: None)))
+    worker.start()
+    worker.join()
+    assert hub.timers == [], "the hub's timer heap is touched only on the loop"
+    control._consuming.turn()
+    assert [(e.seconds, e.repeat) for e in hub.timers] == [(5, False)]
+    timers[0].cancel()
+    assert hub.timers[0].cancelled
+
+
+def test_a_timer_cancelled_before_the_loop_sets_it_never_fires(control):
+    hub = Hub()
+    control.attach("connection", hub)
+    worker = threading.Thread(target=lambda: control.call_every(1, lambda: None).cancel())
+    worker.start()
+    worker.join()
+    control._consuming.turn()
+    assert hub.timers == []
+
+
 def test_a_failing_timer_is_logged_not_raised(control, caplog):
     control.attach(None, Hub())
     control.call_after(1, lambda: 1 / 0)
@@ -117,7 +180,11 @@ def test_without_an_event_loop_timers_run_on_a_thread_through_the_consumer(contr
     fired = threading.Event()
     control.attach(None, None)
     control.call_after(0.01, fired.set)
-    assert fired.wait(5)
+    deadline = time.monotonic() + 5
+    while not fired.is_set() and time.monotonic() < deadline:
+        control._consuming.turn()
+        time.sleep(0.005)
+    assert fired.is_set()
     assert ("soon",) in control._consuming.calls
     control.detach()
 
