@@ -24,7 +24,14 @@ from .config import Settings, broker_url, check_setting_names, resolve_settings
 from .declare import declare_queue
 from .errors import ConfigurationError, KombuEventsError
 from .guard import Guard, publisher_policy
-from .handlers import Handler, check_prefetch, circuit_breaker_of, exception_classes, validate_binding_key
+from .handlers import (
+    Handler,
+    check_prefetch,
+    check_runnable,
+    circuit_breaker_of,
+    exception_classes,
+    validate_binding_key,
+)
 from .health import HealthCheck
 from .middleware import Hooks, Middleware
 from .outbox import STORED, Outbox
@@ -141,6 +148,10 @@ class Events:
         the service's ``prefetch_count``); ``single_active_consumer``: only one worker of
         the fleet receives from the queue at a time (with ``prefetch=1``: one message at
         a time, in queue order, across the fleet).
+
+        A function the worker could not run as written is refused here, with
+        ConfigurationError: an ``async def`` or generator function (calling it would not
+        run its body), a class, or one that cannot take one positional argument.
         """
         if not binding_keys:
             raise ConfigurationError("handler() needs at least one binding key, e.g. 'orders.*.created'")
@@ -158,6 +169,11 @@ class Events:
             names.validate_name("queue", queue)
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            # Refused here, at import time: the worker acks once the call returns, run or not.
+            argument, parameter = _handler_argument(bind=bind, raw=raw)
+            check_runnable(fn, role="handler", argument=argument, parameter=parameter)
+            if name is None and not isinstance(getattr(fn, "__name__", None), str):
+                raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
             self._specs.append(_Spec(fn, keys, options))
             self._handlers = self._hooks = None
             return fn
@@ -235,7 +251,8 @@ class Events:
         Runs never overlap; a run longer than the period delays the next. After an
         outage, ``catch_up="latest"`` runs once for the latest due period (``missed``
         lists the others), ``"all"`` runs each. A schedule whose workers are all gone
-        for ``retire_after`` (default 7 days) is retired: its queues expire.
+        for ``retire_after`` (default 7 days) is retired: its queues expire. ``fn`` is
+        refused like a handler's when the worker could not run it (see :meth:`handler`).
         """
         schedule = make_schedule(self.service, name, every=every, start=start, catch_up=catch_up,
                                  retire_after=retire_after)
@@ -243,6 +260,7 @@ class Events:
             raise ConfigurationError(f"schedule {name!r} is registered twice on service {self.service!r}")
 
         def decorate(fn: F) -> F:
+            check_runnable(fn, role=f"schedule {name!r}: function", argument="an Event", parameter="event")
             self._schedules.append((schedule, fn))
             self._handlers = self._hooks = None  # the hooks gain the seeder of the schedules
             return fn
@@ -494,6 +512,15 @@ class Events:
 
     def __repr__(self) -> str:
         return f"<Events service={self.service!r} handlers={len(self._specs)}>"
+
+
+def _handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:
+    """What the worker passes a handler, and the parameter name an error message suggests for it."""
+    if bind:
+        return "an Event, as bind=True", "event"
+    if raw:
+        return "the body bytes, as raw=True", "body"
+    return "the event's payload", "payload"
 
 
 def _arguments(signature: inspect.Signature, bound: inspect.BoundArguments) -> dict[str, Any]:

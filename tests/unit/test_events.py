@@ -1,4 +1,4 @@
-"""events.py without a broker: handler registration, the event decorator, the worker step."""
+"""events.py without a broker: handler registration (and what it refuses), the event decorator, the worker step."""
 from __future__ import annotations
 
 import celery
@@ -7,8 +7,9 @@ import pytest
 from kombu_events import Events, registry
 from kombu_events.backoff import Constant, Exponential
 from kombu_events.bootstep import OPTION, EventsStep
-from kombu_events.errors import ConfigurationError
+from kombu_events.errors import ConfigurationError, UnroutableError
 from kombu_events.publisher import Publisher
+from kombu_events.testing import StubEvents
 
 
 @pytest.fixture
@@ -262,3 +263,89 @@ def test_the_publisher_can_be_replaced_and_reset(events):
     assert published == [("events", "orders.1.created", b'{"n":1}')]
     events.publisher = None
     assert type(events.publisher) is Publisher  # a new one, opened on first use
+
+
+# -- what the worker could not run as written is refused when it is registered ----------------------
+
+
+def test_an_async_handler_is_refused_at_registration(events):
+    async def on_paid(payload):
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"^handler .*\.on_paid is an async def function: kombu-events "
+                                                 r"cannot await it yet.*asyncio\.run inside it$"):
+        events.handler("billing.invoice.paid")(on_paid)
+    assert events.handlers == (), "nothing is registered"
+
+
+def test_a_generator_handler_and_a_class_are_refused(events):
+    def on_paid(payload):
+        yield payload
+
+    class OnPaid:
+        def __init__(self, payload):
+            pass
+
+    with pytest.raises(ConfigurationError, match="is a generator function"):
+        events.handler("a.#")(on_paid)
+    with pytest.raises(ConfigurationError, match="is a class: calling it would only construct an instance"):
+        events.handler("a.#")(OnPaid)
+    assert events.handlers == ()
+
+
+@pytest.mark.parametrize(
+    "options, argument",
+    [({}, r"the event's payload\).*def two\(payload\)"), ({"raw": True}, r"the body bytes, as raw=True\).*\(body\)"),
+     ({"bind": True}, r"an Event, as bind=True\).*def two\(event\)"),
+     ({"bind": True, "raw": True}, r"an Event, as bind=True\)")],
+)
+def test_a_handler_that_cannot_take_the_argument_is_refused_with_its_signature(events, options, argument):
+    def two(event, extra):
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"handler .*\.two\(event, extra\) cannot be called with one "
+                                                 rf"positional argument \({argument}"):
+        events.handler("a.#", **options)(two)
+
+
+def test_a_callable_object_registers_with_a_name(events):
+    class Notifier:
+        def __call__(self, payload):
+            return payload
+
+    notifier = Notifier()
+    with pytest.raises(ConfigurationError, match="has no __name__ to name its queue after: pass name="):
+        events.handler("a.#")(notifier)
+    assert events.handler("a.#", name="notify")(notifier) is notifier
+    (handler,) = events.handlers
+    assert (handler.fn, handler.queue) == (notifier, "billing.notify")
+
+
+def test_a_periodic_function_is_checked_like_a_handler(events):
+    async def tick(event):
+        pass
+
+    def takes_nothing():
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"^schedule 'tick': function .*\.tick is an async def function"):
+        events.periodic("tick", every=60)(tick)
+    with pytest.raises(ConfigurationError, match=r"^schedule 'tick': function .*\.takes_nothing\(\) cannot be "
+                                                 r"called with one positional argument \(an Event\)"):
+        events.periodic("tick", every=60)(takes_nothing)
+    assert events.schedules == ()
+
+
+def test_through_the_stub_an_async_handler_cannot_be_acked_unrun(events):
+    ran = []
+
+    with pytest.raises(ConfigurationError, match="async def"):
+        @events.handler("billing.invoice.paid")
+        async def on_paid(payload):
+            ran.append(payload)
+
+    stub = StubEvents(events)
+    with pytest.raises(UnroutableError):  # no queue is bound: the event is refused, not acked
+        stub.publish("billing.invoice.paid", {"id": 7})
+    stub.join()
+    assert (stub.acked, ran) == ([], [])

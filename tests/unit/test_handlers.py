@@ -1,11 +1,16 @@
-"""handlers.py and event.py: binding-key validation, exception classes, the Event a handler gets."""
+"""handlers.py and event.py: binding-key validation, exception classes, runnable handlers, the Event a handler gets."""
 from __future__ import annotations
+
+import functools
+import inspect
+import re
+from unittest import mock
 
 import pytest
 
 from kombu_events.errors import ConfigurationError
 from kombu_events.event import Event
-from kombu_events.handlers import check_prefetch, exception_classes, validate_binding_key
+from kombu_events.handlers import check_prefetch, check_runnable, exception_classes, validate_binding_key
 
 
 @pytest.mark.parametrize("key", ["orders.*.created", "orders.#", "#", "*", "a", "a.b.c", "k" * 255])
@@ -66,3 +71,115 @@ def test_check_prefetch_accepts(value):
 def test_check_prefetch_names_the_valid_range(value):
     with pytest.raises(ConfigurationError, match=r"prefetch must be an integer within 1 \.\. 65535"):
         check_prefetch(value)
+
+
+# -- check_runnable: what the worker could not run as written is refused at registration ----------
+
+
+async def on_paid(payload):
+    pass
+
+
+async def streams(payload):
+    yield payload
+
+
+def generates(payload):
+    yield payload
+
+
+class Notifier:
+    def __init__(self, payload=None):
+        pass
+
+
+class AsyncNotifier:
+    async def __call__(self, payload):
+        pass
+
+
+class SyncNotifier:
+    def __call__(self, payload):
+        pass
+
+
+def takes_nothing():
+    pass
+
+
+def takes_two(payload, extra):
+    pass
+
+
+def keyword_only(*, payload):
+    pass
+
+
+MOD = re.escape(__name__)  # the module these functions are defined in, as messages name it
+ASYNC_FIX = "kombu-events cannot await it yet.*define it with def, or run the coroutine with asyncio.run inside it"
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (on_paid, rf"^handler {MOD}\.on_paid is an async def function: {ASYNC_FIX}$"),
+        (streams, rf"^handler {MOD}\.streams is an async generator function: calling it only creates "
+                  r"an async generator, so its body would never run; define it with def, without yield$"),
+        (generates, rf"^handler {MOD}\.generates is a generator function: calling it only creates a "
+                    r"generator, so its body would never run; define it without yield$"),
+        (functools.partial(on_paid), rf"^handler functools\.partial\({MOD}\.on_paid, \.\.\.\) is a "
+                                     rf"functools\.partial of an async def function: {ASYNC_FIX}$"),
+        (AsyncNotifier(), rf"^handler <{MOD}\.AsyncNotifier object> is an object whose __call__ is an "
+                          rf"async def function: {ASYNC_FIX}$"),
+        (AsyncNotifier().__call__, rf"^handler {MOD}\.AsyncNotifier\.__call__ is an async def function"),
+        (mock.AsyncMock(), rf"is an async def function: {ASYNC_FIX}$"),
+        (Notifier, rf"^handler {MOD}\.Notifier is a class: calling it would only construct an instance "
+                   r".*register a function, or an instance whose __call__ takes the event's payload$"),
+        (None, r"^handler None is not callable: register a function that takes the event's payload"),
+        ("on_paid", r"^handler 'on_paid' is not callable"),
+        (takes_nothing, rf"^handler {MOD}\.takes_nothing\(\) cannot be called with one positional "
+                        r"argument \(the event's payload\): every call would fail with TypeError; give it one "
+                        r"parameter for it, e\.g\. def takes_nothing\(payload\): \.\.\.$"),
+        (takes_two, rf"^handler {MOD}\.takes_two\(payload, extra\) cannot be called with one positional"),
+        (keyword_only, rf"^handler {MOD}\.keyword_only\(\*, payload\) cannot be called"),
+        (functools.partial(takes_two, 1, 2), rf"^handler functools\.partial\({MOD}\.takes_two, \.\.\.\)\(\) "
+                                             r"cannot be called.*e\.g\. def on_event\(payload\)"),
+    ],
+)
+def test_check_runnable_refuses_what_the_worker_could_not_run(fn, message):
+    with pytest.raises(ConfigurationError, match=message):
+        check_runnable(fn, role="handler", argument="the event's payload", parameter="payload")
+
+
+def with_default(payload, extra=None):
+    pass
+
+
+def positional_only(payload, /):
+    pass
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda payload: None, with_default, positional_only, lambda *args, **kwargs: None, SyncNotifier(),
+     SyncNotifier().__call__, functools.partial(takes_two, 1), print, len, list().append, mock.Mock()],
+    ids=repr,
+)
+def test_check_runnable_accepts_what_takes_one_positional_argument(fn):
+    check_runnable(fn, role="handler", argument="the event's payload", parameter="payload")
+
+
+def test_check_runnable_lets_a_callable_without_a_readable_signature_be(monkeypatch):
+    # Some builtins and extension callables have no signature to read: they are not refused for it.
+    def unreadable(fn):
+        raise ValueError("no signature found")
+
+    monkeypatch.setattr(inspect, "signature", unreadable)
+    check_runnable(takes_nothing, role="handler", argument="the event's payload", parameter="payload")
+
+
+def test_check_runnable_names_the_role_and_the_argument():
+    with pytest.raises(ConfigurationError, match=rf"^schedule 'tick': function {MOD}\.takes_two\(payload, "
+                                                 r"extra\) cannot be called with one positional argument \(an Event\)"
+                                                 r".*def takes_two\(event\)"):
+        check_runnable(takes_two, role="schedule 'tick': function", argument="an Event", parameter="event")
