@@ -11,6 +11,7 @@ __all__ = ["run"]
 
 import logging
 import time
+import types
 from functools import partial
 from typing import Any, Callable
 
@@ -18,6 +19,7 @@ from . import decision, registry, signals
 from .codec import decode, decompress
 from .errors import DecodeError
 from .event import Event
+from .failures import Archive
 from .registry import Route
 
 logger = logging.getLogger(__name__)
@@ -70,7 +72,7 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
         if event is not None and hooks.on_handling:  # time the handler, not the middleware around it
             started = hooks.around(event, partial(_timed, handler.fn, argument))
         else:
-            handler.fn(argument)
+            _ran(handler.fn(argument))
     except Exception as exc:
         duration_ms = (time.perf_counter() - started) * 1000
         outcome = decision.classify(exc, retry_for=handler.retry_for, dont_retry=handler.dont_retry,
@@ -91,8 +93,22 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
 def _timed(fn: Callable[[Any], Any], argument: Any) -> float:
     """Call ``fn(argument)``; return when it started."""
     started = time.perf_counter()
-    fn(argument)
+    _ran(fn(argument))
     return started
+
+
+#: What a call returns when it did not run the body it was asked to (registration refuses most such handlers;
+#: a sync decorator around an async function gets through).
+_NOT_RUN = (types.CoroutineType, types.GeneratorType, types.AsyncGeneratorType)
+
+
+def _ran(result: Any) -> None:
+    """Raise Archive if ``result`` shows the handler's body did not run: never ack what did not run."""
+    if result is not None and isinstance(result, _NOT_RUN):
+        if not isinstance(result, types.AsyncGeneratorType):
+            result.close()  # no "never awaited" warning: the archive reason says it
+        raise Archive(f"the handler returned a {type(result).__name__} instead of running: kombu-events "
+                      f"cannot await or iterate it; make the handler a plain function")
 
 
 def _event(payload: Any, queue: str, meta: Meta | None, body: bytes) -> Event:

@@ -267,3 +267,30 @@ def test_with_only_a_handler_failed_receiver_no_event_is_built_for_a_success_but
         signals.handler_failed.disconnect(dispatch_uid="test-lazy-event")
     assert built.call_count == 1
     assert failures == [({"fail": True}, "orders.1", 2, {"h": 1}, "ValueError('boom')")]
+
+
+def _async_under_a_sync_decorator():
+    """A sync wrapper around a coroutine function: registration cannot see through it."""
+    async def body(payload):
+        raise AssertionError("never runs")
+
+    def wrapper(payload):
+        return body(payload)
+    return wrapper
+
+
+def _generator_under_a_sync_decorator():
+    def body(payload):
+        yield payload
+
+    def wrapper(payload):
+        return body(payload)
+    return wrapper
+
+
+@pytest.mark.parametrize("make", [_async_under_a_sync_decorator, _generator_under_a_sync_decorator])
+def test_a_handler_that_returns_a_coroutine_or_generator_is_archived_not_acked(make, recwarn):
+    route = Route(_handler(make()), ACCEPT, 2000)
+    outcome = runner._run(route, QUEUE, b"{}", JSON, None, None, True)
+    assert outcome.kind == decision.ARCHIVE and "instead of running" in outcome.reason
+    assert not [w for w in recwarn if "never awaited" in str(w.message)]
