@@ -1,15 +1,19 @@
 """``StubEvents``: an app's handlers run in-process by the worker's own code, over a virtual clock.
 
-No broker, no worker, no second failure policy: a published message goes to every
-handler queue of the app whose binding keys match (:mod:`kombu_events.topic`), is read
-into a :class:`~kombu_events.Delivery`, screened and announced as the worker's consumer
-does (:mod:`kombu_events.settle`), run by the runner the pool runs, and settled by
-the planner's step, carried out in memory: a retry's copy waits on the virtual clock
-(:meth:`StubEvents.advance`), an archived copy is recorded. Nothing sleeps.
+No broker, no worker, no second failure policy: every message, published or
+republished, is routed by its exchange and routing key through the app's own topology
+(:mod:`kombu_events.broker_model`: bindings, the delay ladder's TTLs and
+dead-lettering), so it lands where RabbitMQ would put it. A copy that lands in a
+handler queue is read into a :class:`~kombu_events.Delivery`, screened and announced
+as the worker's consumer does (:mod:`kombu_events.settle`), run by the runner the pool
+runs, and settled by the planner's step, carried out in memory: a retry's copy waits
+out the ladder on the virtual clock (:meth:`StubEvents.advance`), an archived copy is
+recorded. A republish no queue takes is returned, and its fallback taken, as in the
+worker; a copy the ladder would drop on the way stops the stub. Nothing sleeps.
 """
 from __future__ import annotations
 
-__all__ = ["StubEvents", "LOOP_LIMIT"]
+__all__ = ["StubEvents", "LostCopy", "LOOP_LIMIT"]
 
 import copy
 import heapq
@@ -21,8 +25,10 @@ from decimal import Decimal
 from types import TracebackType
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from . import decision, names, registry, runner, signals, topic
+from . import decision, names, registry, runner, signals
+from .broker_model import BrokerModel, Lost, Routed
 from .codec import JSON
+from .confirms import RETURNED
 from .delivery import Delivery, read_delivery
 from .errors import ConfigurationError, KombuEventsError, PublishError, UnroutableError
 from .event import Event
@@ -49,15 +55,26 @@ class _Queued(NamedTuple):
     message: Pending
 
 
+class LostCopy(NamedTuple):
+    """A copy of a message that the broker would drop on its way: ``at`` virtual seconds, where and why."""
+
+    at: float
+    lost: Lost
+    routing_key: str  # the event's own routing key
+    message_id: Any
+
+
 class StubEvents:
     """The broker and worker of one Celery app, in memory: publish, then ``join()`` or ``advance()``.
 
     ``target`` is an :class:`~kombu_events.Events` (its exchange is the default one
     ``publish`` uses) or the Celery app; every ``Events`` service of the app gets the
-    events it is bound to. ``refuse(step)`` may return why the broker refuses a
-    republished copy (retry, requeue, archive): the step's fallback is then taken, as
-    in a worker. ``rand`` feeds backoff jitter. As a context manager, the app's own
-    ``events.publish``/``publish_many`` publish into the stub until it exits.
+    events it is bound to. Every republished copy (retry, requeue, archive) goes where
+    the topology routes the step's exchange and routing key; one that no queue takes is
+    returned, and the step's fallback taken, as in a worker. ``refuse(step)`` may
+    return why the broker refuses a copy besides. ``rand`` feeds backoff jitter. As a
+    context manager, the app's own ``events.publish``/``publish_many`` publish into the
+    stub until it exits.
     """
 
     def __init__(self, target: Any, *, refuse: Callable[[Republish], str | None] | None = None,
@@ -76,10 +93,14 @@ class StubEvents:
         self._running: Handler | None = None  # the handler runner.run is running now
         self._failure: BaseException | None = None  # the undeclared exception it raised
         self._saved: list[tuple[Events, Publisher | None]] = []
+        self._broker: tuple[tuple[Topology, ...], BrokerModel] | None = None
+        self._lost_seen = 0
         #: Every message published, in order.
         self.published: list[Published] = []
         #: Every settled delivery, in order (``acked``, ``retried``, ... are views of it).
         self.settled: list[Settled] = []
+        #: Every copy the topology would drop on its way (join() and advance() raise for each).
+        self.lost: list[LostCopy] = []
 
     # -- records --------------------------------------------------------------------------------
 
@@ -169,21 +190,18 @@ class StubEvents:
 
     def _route(self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any],
                mandatory: bool) -> PublishError | None:
-        """Enqueue a copy for every handler queue bound to ``routing_key`` on ``exchange``: now, or when a
-        delayed publish (to the exchange's own ladder) comes due; an unroutable delayed one is only recorded."""
-        exchange, routing_key, delay_ms = self._undelayed(exchange, routing_key)
-        mandatory = mandatory and not delay_ms  # the broker takes it into the ladder; unrouted only when due
-        queues = [handler.queue for events in registry.services_of(self.app) if events.settings.exchange == exchange
-                  for handler in events.handlers if any(topic.matches(k, routing_key) for k in handler.binding_keys)]
-        self.published.append(Published(exchange, routing_key, body, properties, tuple(queues), delay_ms))
-        for queue in queues:
-            self._push(self._now_ms + delay_ms, routing_key,
-                       Pending(0.0, queue, routing_key, body, copy.deepcopy(properties)))
-        if queues or not mandatory:
+        """Route a publish through the app's topology: a copy for every handler queue it lands in, now or, for
+        a delayed publish (to the exchange's own ladder), when it comes due; a delayed one no queue is
+        bound for when due waits in the exchange's unrouted queue, and is only recorded."""
+        routed = self._model().publish(exchange, routing_key)
+        event_exchange, event_key, delay_ms = self._undelayed(exchange, routing_key)
+        queues = self._land(routed, event_key, body, properties)
+        self.published.append(Published(event_exchange, event_key, body, properties, queues, delay_ms))
+        if routed.entered or not mandatory:  # a delayed publish is taken into the ladder: returned never
             return None
-        return UnroutableError(f"event {routing_key!r} published to exchange {exchange!r} was not routed to any "
-                               "queue (no handler is bound with a matching key)", exchange=exchange,
-                               routing_key=routing_key)
+        return UnroutableError(f"event {event_key!r} published to exchange {event_exchange!r} was not routed to any "
+                               "queue (no handler is bound with a matching key)", exchange=event_exchange,
+                               routing_key=event_key)
 
     def _undelayed(self, exchange: str, routing_key: str) -> tuple[str, str, float]:
         """(events exchange, event key, delay in ms) of a message published to an exchange's ladder."""
@@ -194,6 +212,26 @@ class StubEvents:
                 units = int("".join(words[:s.publish_delay_levels]), 2)
                 return s.exchange, ".".join(words[s.publish_delay_levels:]), units * s.publish_delay_unit_ms
         return exchange, routing_key, 0.0
+
+    def _model(self) -> BrokerModel:
+        """The broker model of the topologies of every service of the app (rebuilt when a handler is added)."""
+        topologies = tuple(self._topology(events) for events in registry.services_of(self.app))
+        built = self._broker
+        if built is None or len(built[0]) != len(topologies) or any(a is not b for a, b in zip(built[0], topologies)):
+            built = self._broker = (topologies, BrokerModel(topologies))
+        return built[1]
+
+    def _land(self, routed: Routed, event_key: str, body: bytes, properties: Mapping[str, Any]) -> tuple[str, ...]:
+        """Queue a copy for each handler queue ``routed`` lands in (due after the TTLs it waits out); keep what is
+        lost. What lands in another queue (the archive, the exchange's unrouted queue) stays there."""
+        consumed = self._model().consumed
+        landed = tuple(landing for landing in routed.landings if landing.queue in consumed)
+        for landing in landed:
+            self._push(self._now_ms + landing.after_ms, landing.routing_key,
+                       Pending(0.0, landing.queue, event_key, body, copy.deepcopy(dict(properties))))
+        self.lost += [LostCopy(self.now + lost.after_ms / 1000, lost, event_key, properties.get("message_id"))
+                      for lost in routed.lost]
+        return tuple(landing.queue for landing in landed)
 
     def _push(self, due_ms: float, delivered_with: str, message: Pending) -> None:
         queued = _Queued(due_ms, next(self._seq), delivered_with, message._replace(due=due_ms / 1000))
@@ -209,6 +247,7 @@ class StubEvents:
         :func:`fails_fast` says nobody declared (the messages after it stay pending).
         """
         registry.resolve(self.app)  # the runner finds this app's handler by queue name
+        self._check_lost()
         with _Listening(self):
             for count in itertools.count(1):
                 if not self._queue or self._queue[0].due_ms > self._now_ms:
@@ -217,6 +256,7 @@ class StubEvents:
                     raise KombuEventsError(f"join() handled {LOOP_LIMIT} messages at t={self.now:g} s and more are "
                                            "due: does a handler or middleware send them back with no delay?")
                 failure = self._deliver(heapq.heappop(self._queue))
+                self._check_lost()
                 if fail_fast and failure is not None:
                     raise failure
 
@@ -281,17 +321,40 @@ class StubEvents:
             self._running = None
 
     def _carry_out(self, step: Step, delivery: Delivery) -> Step:
-        """What the broker does with ``step``: a refused copy takes its fallback; a retry waits its delay."""
+        """What the broker does with ``step``: a refused or returned copy takes its fallback, as in the worker;
+        a taken copy lands wherever the topology routes its exchange and routing key (a retry after the ladder)."""
+        routed: Routed | None = None
         while isinstance(step, Republish):
             why = self._refuse(step) if self._refuse is not None else None
             if why is None:
+                routed, why = self._republish(step)
+            if why is None:
                 break
             step = step.if_refused(why)
-        if isinstance(step, Republish) and step.action in ("retry", "requeue"):
-            # The ladder brings the copy back to this queue only, with the routing key it was sent with.
-            copied = Pending(0.0, delivery.queue, delivery.routing_key, delivery.body, step.properties)
-            self._push(self._now_ms + step.delay_ms, str(step.routing_key), copied)
+        if isinstance(step, Republish) and routed is not None:
+            self._land(routed, delivery.routing_key, delivery.body, step.properties)
         return step
+
+    def _republish(self, step: Republish) -> tuple[Routed | None, str | None]:
+        """Where the broker routes a mandatory republish, or why it refuses it (as the worker would hear it)."""
+        model = self._model()
+        key = step.routing_key.decode("utf-8", "surrogateescape") if isinstance(step.routing_key, bytes) \
+            else step.routing_key
+        if not model.has_exchange(step.exchange):  # the broker closes the channel: the publish fails
+            return None, f"NOT_FOUND - no exchange {step.exchange!r}"
+        routed = model.publish(step.exchange, key)
+        return (routed, None) if routed.entered else (None, RETURNED)
+
+    def _check_lost(self) -> None:
+        """Raise for a copy lost since the last check: RabbitMQ would drop it, and nobody would know."""
+        if len(self.lost) > self._lost_seen:
+            dropped = self.lost[self._lost_seen]
+            self._lost_seen = len(self.lost)
+            lost = dropped.lost
+            raise KombuEventsError(
+                f"message {dropped.message_id!r} (event {dropped.routing_key!r}) would be lost at t={dropped.at:g} s: "
+                f"it expires from queue {lost.queue!r} into exchange {lost.exchange!r} with routing key "
+                f"{lost.routing_key!r}, and {lost.why}; RabbitMQ drops it (see stub.lost)")
 
     def _record(self, handler: Handler, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
         if isinstance(step, Republish):

@@ -15,8 +15,8 @@ This module needs pytest; :mod:`kombu_events.stub` does not.
 """
 from __future__ import annotations
 
-__all__ = ["StubEvents", "Published", "Settled", "Pending", "fails_fast", "temporary_vhost", "running_worker",
-           "broker_for_tests", "events_stub", "events_broker"]
+__all__ = ["StubEvents", "Published", "Settled", "Pending", "LostCopy", "fails_fast", "temporary_vhost",
+           "running_worker", "broker_for_tests", "events_stub", "events_broker"]
 
 import base64
 import json
@@ -39,7 +39,7 @@ from .events import Events
 from .logs import safe_text, safe_url
 from .publisher import Publisher
 from .records import Pending, Published, Settled, fails_fast
-from .stub import StubEvents
+from .stub import LostCopy, StubEvents
 
 logger = logging.getLogger(__name__)
 

@@ -10,12 +10,15 @@ import functools
 
 import pytest
 from hypothesis import given, settings, strategies as st
+from kombu import Exchange, Queue, binding
 
 from kombu_events import ladder, names
 from kombu_events.backoff import Exponential
+from kombu_events.broker_model import BrokerModel, Landing, Lost
 from kombu_events.config import Settings
+from kombu_events.errors import ConfigurationError, TopologyConflictError
 from kombu_events.handlers import Handler
-from kombu_events.topology import Topology, build_topology
+from kombu_events.topology import ExchangeBinding, Topology, build_topology
 
 SERVICE = "svc"
 UNIT_MS = 250
@@ -167,3 +170,106 @@ def test_events_exchange_routes_by_binding_keys_only():
     assert fake.route("events", "orders.42.shipped") == ["billing.audit"]
     assert fake.route("events", "invoices.1.paid") == []
     assert fake.route("billing.archive", "anything.at.all") == ["billing.archive"]
+
+
+# -- the library's broker model (what the test stub routes with) agrees with the one above -------------
+
+
+@functools.cache
+def model(levels: int) -> BrokerModel:
+    settings_ = Settings(service=SERVICE, delay_levels=levels, delay_unit_ms=UNIT_MS)
+    return BrokerModel([build_topology(settings_, [_handler(q) for q in QUEUES])])
+
+
+@settings(max_examples=100, deadline=None)
+@given(levels_and_delay, st.sampled_from(QUEUES))
+def test_the_broker_model_routes_the_ladder_as_the_fake_broker_does(levels_delay, queue):
+    levels, delay = levels_delay
+    key = ladder.routing_key(delay_units=delay, levels=levels, queue=queue)
+    entry = topology_of(levels).entry_exchange(delay)
+    waited_in, waited_ms, final = broker(levels).travel(entry, key)
+    routed = model(levels).publish(entry, key)
+    assert routed.lost == ()
+    assert routed.landings == (Landing(final, key, waited_ms, tuple(waited_in)),)
+    assert routed.entered == ((waited_in or [final])[0],)
+
+
+@pytest.mark.parametrize("levels", [1, 3])
+@pytest.mark.parametrize("queue", QUEUES)
+def test_the_broker_model_follows_a_queues_dead_letter_routing_key(levels, queue):
+    args = broker(levels).args[queue]
+    routed = model(levels).publish(args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"])
+    assert routed.landings == (Landing(queue, args["x-dead-letter-routing-key"], UNIT_MS,
+                                       (names.delay_name(SERVICE, 0),)),)
+
+
+def test_a_copy_for_a_queue_the_service_does_not_have_is_lost_after_its_wait():
+    key = ladder.routing_key(delay_units=5, levels=3, queue="svc.zzz")
+    routed = model(3).publish(names.delay_name(SERVICE, 2), key)
+    assert routed.entered == ("svc.delay.2",) and routed.landings == ()
+    assert routed.lost == (Lost("svc.delay.0", "svc.delivery", key, 5 * UNIT_MS, "no queue is bound for it"),)
+
+
+def test_a_publish_no_binding_takes_enters_no_queue():
+    assert model(3).publish(names.delivery_exchange(SERVICE), "0.0.0.svc.zzz") == ((), (), ())
+    assert model(3).publish("no.such.exchange", "a") == ((), (), ())
+    assert not model(3).has_exchange("no.such.exchange") and model(3).has_exchange("")
+
+
+def test_a_delayed_event_is_due_at_every_bound_queue_and_else_waits_in_the_unrouted_queue():
+    topology = build_topology(
+        Settings(service="billing", delay_levels=3, publish_delay_levels=2, publish_delay_unit_ms=500),
+        [_handler("billing.created", "orders.*.created"), _handler("billing.audit", "orders.#")])
+    model_ = BrokerModel([topology])
+    routed = model_.publish("events.deferred.1", "1.1.orders.7.created")
+    assert routed.entered == ("events.deferred.1",)
+    assert sorted((landing.queue, landing.after_ms, landing.waited_in) for landing in routed.landings) == [
+        ("billing.audit", 1500, ("events.deferred.1", "events.deferred.0")),
+        ("billing.created", 1500, ("events.deferred.1", "events.deferred.0"))]
+    [unrouted] = model_.publish("events.deferred.0", "0.1.invoices.1").landings
+    assert (unrouted.queue, unrouted.after_ms) == ("events.unrouted", 500)  # the due exchange's alternate exchange
+    assert model_.consumed == {"billing.created", "billing.audit"}
+
+
+def _custom(*queues: Queue, exchanges=(), links=()) -> Topology:
+    return Topology(Settings(service=SERVICE), tuple(exchanges), queues, tuple(links))
+
+
+def test_direct_fanout_and_the_default_exchange_one_copy_per_queue_and_exchange_cycles_end():
+    direct, fanout = Exchange("d", "direct"), Exchange("f", "fanout")
+    topology = _custom(Queue("q1", bindings=[binding(direct, routing_key="k"), binding(fanout)]),
+                       Queue("q2", bindings=[binding(direct, routing_key="other")]),
+                       exchanges=[direct, fanout],
+                       links=[ExchangeBinding(fanout, direct, "k"), ExchangeBinding(direct, fanout, "")])
+    model_ = BrokerModel([topology])
+    assert model_.route("d", "k") == ("q1",)  # reached directly and through the fanout: one copy
+    assert model_.route("d", "k.x") == ()
+    assert model_.route("f", "whatever") == ("q1",)
+    assert model_.route("", "q2") == ("q2",) and model_.route("", "nope") == ()
+
+
+def test_a_dead_letter_cycle_drops_the_message():
+    a, b = Exchange("a", "fanout"), Exchange("b", "fanout")
+    topology = _custom(Queue("qa", bindings=[binding(a)], queue_arguments={"x-message-ttl": 1,
+                                                                           "x-dead-letter-exchange": "b"}),
+                       Queue("qb", bindings=[binding(b)], queue_arguments={"x-message-ttl": 2,
+                                                                           "x-dead-letter-exchange": "a"}),
+                       exchanges=[a, b])
+    routed = BrokerModel([topology], consumed=()).publish("a", "k")
+    assert routed.landings == ()
+    assert routed.lost == (Lost("qa", "b", "k", 4, "it went round a dead-letter cycle"),)
+    assert BrokerModel([topology], consumed={"qb"}).publish("a", "k").landings == (Landing("qb", "k", 1, ("qa",)),)
+
+
+def test_an_entity_declared_twice_with_other_arguments_conflicts():
+    one = _custom(Queue("q", queue_arguments={"x-message-ttl": 1}))
+    other = _custom(Queue("q", queue_arguments={"x-message-ttl": 2}))
+    BrokerModel([one, one])  # the same declaration twice is idempotent
+    with pytest.raises(TopologyConflictError, match="queue 'q' is declared with x-message-ttl=1 and with "
+                                                    "x-message-ttl=2") as raised:
+        BrokerModel([one, other])
+    assert (raised.value.entity, raised.value.argument) == ("q", "x-message-ttl")
+    with pytest.raises(TopologyConflictError, match="exchange 'e'"):
+        BrokerModel([_custom(exchanges=[Exchange("e", "topic")]), _custom(exchanges=[Exchange("e", "fanout")])])
+    with pytest.raises(ConfigurationError, match="'headers'"):
+        BrokerModel([_custom(exchanges=[Exchange("h", "headers")])])

@@ -4,16 +4,18 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
-from kombu_events import headers as wire
+from kombu_events import headers as wire, names
 from kombu_events.backoff import Exponential
+from kombu_events.broker_model import BrokerModel
 from kombu_events.codec import JSON
 from kombu_events.config import resolve_settings
 from kombu_events.decision import ARCHIVE, DEFERRED, FAILED, LOST, OK, REDELIVERED, RETRY, UNDECODABLE, Outcome
 from kombu_events.delivery import Delivery, read_delivery
 from kombu_events.handlers import Handler
 from kombu_events.plan import ACK, Ack, Hold, Republish, Step, plan
-from kombu_events.topology import build_topology
+from kombu_events.topology import Topology, build_topology
 
 QUEUE = "billing.audit"
 EVENT_KEY = "orders.7.created"
@@ -97,6 +99,9 @@ CASES = {
     "retry without a delay": (
         2, 0, Outcome(RETRY, "retry", "kombu_events.failures.Retry: retry"),
         (Republish, "retry", "billing.delay.2", "0.0.0.0.0.1.0.0.billing.audit", 400), "retry"),
+    "retry with a subnormal delay": (  # 5e-324 / 100 rounds to 0.0: still one whole unit, never none
+        1, 0, Outcome(RETRY, "soon", delay_ms=5e-324),
+        (Republish, "retry", "billing.delay.0", "0.0.0.0.0.0.0.1.billing.audit", 100), "soon"),
     "retry at the ladder's reach": (
         1, 0, Outcome(RETRY, "later", delay_ms=25_500),
         (Republish, "retry", "billing.delay.7", "1.1.1.1.1.1.1.1.billing.audit", 25_500), "later"),
@@ -385,3 +390,130 @@ def test_jittered_delays_are_deterministic_for_a_fixed_random_source():
         (Republish, "retry", "billing.delay.2", "0.0.0.0.0.1.0.1.billing.audit", 500),
     ]
     assert step(0.37) == step(0.37)
+
+
+# -- many handler queues: every copy comes back to the queue that failed, and only there -------------
+
+#: Handler queues that are prefixes, suffixes and look-alikes of each other; the first is first in the topology,
+#: so a retry sent to "the service's first queue" instead of its own is caught by every other one.
+LOOK_ALIKES = ("svc.a", "svc.a.b", "svc.ab", "svc.b.a", "svc.a.b.c", "svc", "a", "x.svc.a", "1.svc.a",
+               "0.1.svc.a", "svc.delay", "svc.b")
+#: Binding keys that overlap: one event reaches many of the queues.
+OVERLAPPING_KEYS = ("orders.#", "#", "orders.*", "*.created", "orders.*.created", "#.created", "orders.#.created")
+MANY = resolve_settings("svc", environ={}, delay_unit_ms=100, delay_levels=8)
+
+
+def _handlers(queues, keys=OVERLAPPING_KEYS) -> list[Handler]:
+    return [Handler(fn=lambda payload: None, name=queue, queue=queue, binding_keys=(keys[i % len(keys)],),
+                    max_retries=MAX_RETRIES, backoff=BACKOFF) for i, queue in enumerate(queues)]
+
+
+MANY_TOPOLOGY = build_topology(MANY, _handlers(LOOK_ALIKES))
+MANY_BROKER = BrokerModel([MANY_TOPOLOGY])
+
+#: Outcome -> what the copy is: every outcome that sends a message back to its queue through the ladder.
+SENT_BACK = {
+    "failed": (BOOM, "retry"),
+    "retry with a delay": (Outcome(RETRY, "later", delay_ms=1234), "retry"),
+    "lost": (Outcome(LOST, "pool process lost"), "retry"),
+    "deferred": (Outcome(DEFERRED, "circuit open", delay_ms=5000), "requeue"),
+    "deferred without a delay": (Outcome(DEFERRED, delay_ms=0), "requeue"),
+    "redelivered": (Outcome(REDELIVERED, "redelivered"), "requeue"),
+}
+
+
+def _from(queue: str, *, attempts: int = 1, key: str = EVENT_KEY) -> Delivery:
+    """A delivery of ``queue``, back from the ladder after ``attempts`` failed attempts."""
+    headers = {wire.ATTEMPTS: attempts, wire.ROUTING_KEY: key, "tenant": "acme"}
+    return read_delivery(queue, b"{}", {"message_id": f"m-{queue}", "application_headers": headers},
+                         {"routing_key": key})
+
+
+def _comes_back(step: Step, delivery: Delivery, topology: Topology, broker: BrokerModel) -> None:
+    """The copy of ``step`` lands in ``delivery.queue`` only, after the delay it says, and reads back as the next."""
+    assert isinstance(step, Republish) and step.action in ("retry", "requeue"), step
+    routed = broker.publish(step.exchange, step.routing_key)
+    assert routed.lost == ()
+    [landing] = routed.landings
+    assert landing.queue == delivery.queue, f"{step.action} of {delivery.queue!r} landed in {landing.queue!r}"
+    assert landing.after_ms == step.delay_ms
+    expected_levels = [names.delay_name(topology.settings.service, level) for level in
+                       range(topology.settings.delay_levels - 1, -1, -1) if step.delay_ms // 100 >> level & 1]
+    assert list(landing.waited_in) == expected_levels
+    back = read_delivery(landing.queue, delivery.body, step.properties, {"routing_key": landing.routing_key})
+    assert (back.unreadable, back.routing_key, back.headers["tenant"]) == ("", delivery.routing_key, "acme")
+    assert back.attempt == delivery.attempt + (step.action == "retry")
+
+
+@pytest.mark.parametrize("outcome, action", SENT_BACK.values(), ids=SENT_BACK.keys())
+@pytest.mark.parametrize("queue", LOOK_ALIKES)
+def test_among_look_alike_queues_a_copy_comes_back_to_its_own_queue_only(queue, outcome, action):
+    delivery = _from(queue)
+    step = _plan(delivery, outcome, topology=MANY_TOPOLOGY)
+    assert step.action == action
+    assert step.routing_key.endswith("." + queue)
+    _comes_back(step, delivery, MANY_TOPOLOGY, MANY_BROKER)
+
+
+@pytest.mark.parametrize("queue", LOOK_ALIKES)
+def test_a_rejected_message_comes_back_to_its_own_queue_only(queue):
+    """What the broker does with a message a worker rejects, or whose process dies: the queue's dead-letter route."""
+    args = {q.name: q.queue_arguments for q in MANY_TOPOLOGY.queues}[queue]
+    routed = MANY_BROKER.publish(args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"])
+    assert [(landing.queue, landing.after_ms) for landing in routed.landings] == [(queue, 100)]
+
+
+@pytest.mark.parametrize("queue", LOOK_ALIKES)
+def test_among_look_alike_queues_an_archived_copy_goes_to_the_archive_only(queue):
+    delivery = _from(queue, attempts=MAX_RETRIES)
+    step = _plan(delivery, BOOM, topology=MANY_TOPOLOGY)
+    for copy_ in _chain(step)[:-1]:
+        assert copy_.action == "archive"
+        routed = MANY_BROKER.publish(copy_.exchange, copy_.routing_key)
+        assert [landing.queue for landing in routed.landings] == ["svc.archive"]
+        assert _headers(copy_)[wire.QUEUE] == queue
+
+
+def test_an_event_reaches_the_overlapping_queues_and_each_retry_only_its_own():
+    reached = MANY_BROKER.route("events", "orders.7.created")
+    assert reached[0] == LOOK_ALIKES[0] and len(reached) == 8, "one event, many look-alike queues"
+    landed = []
+    for queue in reached:
+        step = _plan(_from(queue, key="orders.7.created"), BOOM, topology=MANY_TOPOLOGY)
+        landed += [landing.queue for landing in MANY_BROKER.publish(step.exchange, step.routing_key).landings]
+    assert landed == list(reached)
+
+
+# Queue names built from a few words, so that many are prefixes, suffixes or look-alikes of each other.
+WORDS = st.sampled_from(["svc", "a", "b", "ab", "0", "1", "delay", "x"])
+QUEUE_NAMES = st.lists(WORDS, min_size=1, max_size=4).map(".".join)
+BINDING_KEYS = st.lists(st.sampled_from(["orders", "*", "#", "created", "a", "svc"]), min_size=1, max_size=4).map(
+    ".".join)
+KINDS = st.sampled_from([FAILED, RETRY, LOST, DEFERRED, REDELIVERED])
+
+
+def _is_handler_queue(topology: Topology, queue: str) -> bool:
+    return topology.role(queue) == "handler"
+
+
+@settings(max_examples=60, deadline=None)
+@example(queues=["svc.a", "svc.a.b", "svc.ab"], keys=["#", "#", "#"], levels=1, picked=2, kind=FAILED, delay=0,
+         attempts=1)
+@example(queues=["svc", "0.svc", "1.0.svc"], keys=["*.#", "#.svc", "*"], levels=2, picked=0, kind=RETRY, delay=300,
+         attempts=2)
+@given(queues=st.lists(QUEUE_NAMES, min_size=2, max_size=8, unique=True),
+       keys=st.lists(BINDING_KEYS, min_size=8, max_size=8), levels=st.integers(1, 10), picked=st.integers(0, 7),
+       kind=KINDS, delay=st.integers(0, 2_000), attempts=st.integers(0, MAX_RETRIES - 1))
+def test_property_each_retry_among_look_alike_queues_comes_back_to_its_own_queue(queues, keys, levels, picked, kind,
+                                                                                 delay, attempts):
+    service = resolve_settings("svc", environ={}, delay_unit_ms=100, delay_levels=levels)
+    probe = build_topology(service, [])
+    queues = [q for q in queues if _is_handler_queue(probe, q)]  # not the ladder's, the archive's, a schedule's
+    if not queues:
+        return
+    topology = build_topology(service, _handlers(queues, keys))
+    delivery = _from(queues[picked % len(queues)], attempts=attempts)
+    delay_ms = min(delay, service.max_delay_ms)
+    step = _plan(delivery, Outcome(kind, "why", delay_ms=delay_ms), topology=topology,
+                 backoff=Exponential(base_ms=100, max_delay_ms=service.max_delay_ms))
+    _comes_back(step, delivery, topology, BrokerModel([topology]))

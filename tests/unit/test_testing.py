@@ -1,6 +1,7 @@
 """The test kit's stub: the worker's own code over an in-memory broker and a virtual clock (no socket)."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import celery
@@ -20,6 +21,7 @@ from kombu_events import (
     headers as wire,
     poisonous,
     signals,
+    stub as stub_module,
 )
 from kombu_events.decision import DEFERRED, FAILED, UNDECODABLE
 from kombu_events.plan import Republish
@@ -349,6 +351,152 @@ def test_a_handler_that_changes_its_event_does_not_change_the_retried_copy(event
     stub.join()
     assert stub.retried[0].headers["tenant"] == "acme"
     assert [s.action for s in stub.settled] == ["retry", "ack"], "a zero delay comes due in the same join"
+
+
+def test_a_failed_handler_gets_the_retry_and_the_other_handlers_of_the_event_do_not(events):
+    """As a user would write it: two handlers of one event, the second fails once."""
+    @events.handler("orders.#")
+    def audit(payload):
+        pass
+
+    @events.handler("orders.*.created", bind=True)
+    def charge(event):
+        if event.attempt == 1:
+            raise ConnectionError("payment provider down")
+
+    stub = StubEvents(events)
+    stub.publish("orders.7.created", {"order_id": 7})
+    stub.join(fail_fast=False)
+    stub.advance(1)
+    assert [(e.attempt, e.payload) for e in stub.calls(charge)] == [(1, {"order_id": 7}), (2, {"order_id": 7})]
+    assert stub.calls(audit) == [{"order_id": 7}]
+    assert [(s.action, s.queue, s.attempt) for s in stub.settled] == [
+        ("ack", "billing.audit", 1), ("retry", "billing.charge", 1), ("ack", "billing.charge", 2)]
+
+
+def test_retries_among_look_alike_queues_each_come_back_to_their_own_handler(events):
+    calls: dict[str, list[int]] = {}
+
+    def flaky(name):
+        def handler(event):
+            calls.setdefault(name, []).append(event.attempt)
+            if event.attempt <= len(name):  # each fails a different number of times
+                raise Retry(delay=0.1 * len(name))
+        return handler
+
+    for name, key in (("a", "orders.#"), ("a.b", "#"), ("ab", "orders.*"), ("b.a", "#.created"), ("a.b.c", "*.*")):
+        events.handler(key, queue=f"billing.{name}", name=name.replace(".", "_"), bind=True)(flaky(name))
+    stub = StubEvents(events)
+    stub.publish("orders.created", {})
+    stub.advance(10)
+    assert calls == {"a": [1, 2], "a.b": [1, 2, 3, 4], "ab": [1, 2, 3], "b.a": [1, 2, 3, 4],
+                     "a.b.c": [1, 2, 3, 4, 5, 6]}
+    assert stub.pending == [] and stub.lost == []
+
+
+def _misplan(monkeypatch, **changes):
+    """Make the stub's planner send every retry and requeue elsewhere, as a bug in the planner would."""
+    planned = stub_module.plan
+
+    def misplanned(*args, **kwargs):
+        step = planned(*args, **kwargs)
+        return step if not isinstance(step, Republish) or step.action == "archive" else dataclasses.replace(
+            step, **{k: v(step) if callable(v) else v for k, v in changes.items()})
+
+    monkeypatch.setattr(stub_module, "plan", misplanned)
+
+
+def test_a_republish_no_queue_takes_is_returned_and_archived_as_in_the_worker(events, monkeypatch):
+    @events.handler("orders.#")
+    def fails(payload):
+        raise RuntimeError("boom")
+
+    _misplan(monkeypatch, exchange="billing.delivery",
+             routing_key=lambda step: step.routing_key.replace("billing.fails", "billing.nobody"))
+    stub = StubEvents(events)
+    stub.publish("orders.1", {})
+    stub.join(fail_fast=False)
+    [archived] = stub.settled
+    assert archived.action == "archive" and archived.queue == "billing.fails"
+    assert archived.reason.startswith(
+        "retry publish failed (returned by the broker: no queue is bound for it); builtins.RuntimeError: boom")
+    assert stub.pending == [] and stub.lost == []
+
+
+def test_a_copy_the_ladder_would_drop_stops_the_stub_and_is_recorded(events, monkeypatch):
+    @events.handler("orders.#")
+    def fails(payload):
+        raise Retry(delay=0.25)
+
+    _misplan(monkeypatch, routing_key=lambda step: step.routing_key.replace("billing.fails", "billing.gone"))
+    stub = StubEvents(events)
+    stub.publish("orders.1", {}, message_id="m-1")
+    lost_at = r"message 'm-1' \(event 'orders.1'\) would be lost at t=0.3 s: it expires from queue 'billing.delay.0'"
+    with pytest.raises(KombuEventsError, match=lost_at + r" into exchange 'billing.delivery'"):
+        stub.join()
+    [lost] = stub.lost
+    assert (lost.at, lost.lost.queue, lost.lost.routing_key, lost.lost.why) == (
+        0.3, "billing.delay.0", "0.0.0.0.0.0.1.1.billing.gone", "no queue is bound for it")
+    assert [s.action for s in stub.settled] == ["retry"] and stub.pending == []
+    stub.join()  # reported once
+
+
+def test_a_republish_to_an_exchange_that_does_not_exist_is_archived(events, monkeypatch):
+    @events.handler("orders.#")
+    def fails(payload):
+        raise RuntimeError("boom")
+
+    _misplan(monkeypatch, exchange="billing.nowhere")
+    stub = StubEvents(events)
+    stub.publish("orders.1", {})
+    stub.join(fail_fast=False)
+    assert stub.archived[0].reason.startswith("retry publish failed (NOT_FOUND - no exchange 'billing.nowhere')")
+
+
+def test_a_retry_routed_to_another_queue_runs_that_queues_handler(events, monkeypatch):
+    """The stub follows the copy where the topology takes it: a misrouted retry is seen, not assumed home."""
+    @events.handler("orders.#")
+    def first(payload):
+        pass
+
+    @events.handler("orders.#", max_retries=1)
+    def second(payload):
+        raise RuntimeError("boom")
+
+    _misplan(monkeypatch, routing_key=lambda step: step.routing_key.replace("billing.second", "billing.first"))
+    stub = StubEvents(events)
+    stub.publish("orders.1", {})
+    stub.advance(1, fail_fast=False)
+    assert stub.calls(first) == [{}, {}] and stub.calls(second) == [{}]
+
+
+def test_a_requeue_without_a_delay_goes_through_the_delivery_exchange_to_its_queue_at_once(app):
+    class Once(Middleware):
+        def __init__(self) -> None:
+            self.deferred: set[str] = set()
+
+        def before_dispatch(self, delivery):
+            if delivery.queue in self.deferred:
+                return None
+            self.deferred.add(delivery.queue)
+            return Outcome(DEFERRED, "not yet", delay_ms=0)
+
+    events = Events(app, "billing", middleware=[Once()], **FAST)
+
+    @events.handler("orders.#")
+    def later(payload):
+        pass
+
+    @events.handler("orders.#")
+    def other(payload):
+        pass
+
+    stub = StubEvents(events)
+    stub.publish("orders.1", {})
+    stub.join()
+    assert [(s.action, s.queue, s.delay_ms, s.at) for s in stub.settled] == [
+        ("requeue", "billing.later", 0, 0.0), ("requeue", "billing.other", 0, 0.0),
+        ("ack", "billing.later", 0, 0.0), ("ack", "billing.other", 0, 0.0)]
 
 
 # -- fail_fast ---------------------------------------------------------------------------------------
