@@ -32,6 +32,7 @@ __all__ = ["Breakers"]
 import ctypes
 import logging
 import time
+from functools import partial
 from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -112,12 +113,16 @@ class Breakers(Middleware):
             run.attach(control)
             control.call_every(run.check.interval_s, run.request)
         for circuit in self.circuits.values():
-            if circuit.breaker.state == OPEN:
-                self._schedule(circuit)
-            elif circuit.breaker.state == HALF_OPEN:  # the probe died with the old connection
-                circuit.probe = None
-                circuit.breaker.release()
-                control.resume(circuit.queue, prefetch=1)
+            _guarded(circuit, "re-arming it after the step started", partial(self._rearm, circuit, control))
+
+    def _rearm(self, circuit: Circuit, control: Control) -> None:
+        """An open circuit waits out its reset time; a half-open one probes again."""
+        if circuit.breaker.state == OPEN:
+            self._schedule(circuit)
+        elif circuit.breaker.state == HALF_OPEN:  # the probe died with the old connection
+            circuit.probe = None
+            circuit.breaker.release()
+            control.resume(circuit.queue, prefetch=1)
 
     def stopped(self, control: Control) -> None:
         """The step stopped: its timers are gone; results still to come are taken as they arrive."""
@@ -185,16 +190,20 @@ class Breakers(Middleware):
         if signals.circuit_changed.receivers:
             signals.circuit_changed.send(sender=circuit.handler.fn, queue=circuit.queue, state=state,
                                          previous=previous, reason=circuit.breaker.reason or "the probe succeeded")
+        _guarded(circuit, "pausing or resuming its queue", partial(self._act, circuit, state, self.control))
+
+    def _act(self, circuit: Circuit, state: str, control: Control) -> None:
+        """Pause the queue of a circuit that opened, consume it one at a time half-open, as before closed."""
         if state == OPEN:
             circuit.probe = None
-            self.control.pause(circuit.queue, f"circuit open: {circuit.breaker.reason}")
+            control.pause(circuit.queue, f"circuit open: {circuit.breaker.reason}")
             self._schedule(circuit)
         elif state == HALF_OPEN:
-            self.control.resume(circuit.queue, prefetch=1)
+            control.resume(circuit.queue, prefetch=1)
         else:
             self._cancel_timer(circuit)
             # Back to the handler's own prefetch (handler(prefetch=...)), else the service's.
-            self.control.resume(circuit.queue, prefetch=circuit.handler.prefetch or self.prefetch_count)
+            control.resume(circuit.queue, prefetch=circuit.handler.prefetch or self.prefetch_count)
 
     def _schedule(self, circuit: Circuit) -> None:
         """Wake up when the open circuit's reset time comes."""
@@ -202,7 +211,8 @@ class Breakers(Middleware):
         self._cancel_timer(circuit)
         if self.control is not None and circuit.breaker.reopens_at is not None:
             wait_s = max(0.0, circuit.breaker.reopens_at - self.clock())
-            circuit.timer = self.control.call_after(wait_s, lambda: self._reset_due(circuit))
+            circuit.timer = self.control.call_after(wait_s, partial(_guarded, circuit, "its reset timer",
+                                                                    partial(self._reset_due, circuit)))
 
     def _cancel_timer(self, circuit: Circuit) -> None:
         if circuit.timer is not None:
@@ -254,6 +264,15 @@ class Breakers(Middleware):
         circuit.awaiting.discard(run)
         if not circuit.awaiting:
             self._changed(circuit, OPEN, circuit.breaker.half_open(now), now)
+
+
+def _guarded(circuit: Circuit, what: str, action: Callable[[], None]) -> None:
+    """``action()``; an exception is logged with its circuit, and goes no further (the event loop goes on)."""
+    try:
+        action()
+    except Exception:
+        logger.exception("kombu-events: circuit of handler %s (queue %s, %s): %s failed", circuit.handler.name,
+                         circuit.queue, circuit.breaker.state, what)
 
 
 def _why(run: HealthRun, health: Health) -> str:

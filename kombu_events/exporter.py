@@ -13,6 +13,7 @@ __all__ = ["Exporter", "make_app", "serving_registry", "serve_worker", "MULTIPRO
 import logging
 import os
 import socket
+import sys
 import threading
 import weakref
 from socketserver import ThreadingMixIn
@@ -77,8 +78,7 @@ def make_app(metrics: CollectorRegistry, liveness: Liveness) -> WSGIApp:
     """WSGI app: ``/metrics`` (and ``/``) from ``metrics``; ``/healthz`` 200 or 503 from ``liveness``."""
     serve_metrics = make_wsgi_app(metrics)
 
-    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO") or "/"
+    def route(environ: dict[str, Any], start_response: Callable[..., Any], path: str) -> Iterable[bytes]:
         if path in ("/metrics", "/"):
             return serve_metrics(environ, start_response)
         if path == "/healthz":
@@ -86,12 +86,22 @@ def make_app(metrics: CollectorRegistry, liveness: Liveness) -> WSGIApp:
             return _text(start_response, "200 OK" if alive else "503 Service Unavailable", why)
         return _text(start_response, "404 Not Found", "not found: try /metrics or /healthz")
 
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        try:
+            return route(environ, start_response, path)
+        except Exception:  # a collector that raises: a 500 and a log line of ours, not a traceback on stderr
+            logger.exception("kombu-events: serving %s failed", path)
+            return _text(start_response, "500 Internal Server Error", f"serving {path} failed: see the worker's log",
+                         sys.exc_info())
+
     return app
 
 
-def _text(start_response: Callable[..., Any], status: str, text: str) -> list[bytes]:
+def _text(start_response: Callable[..., Any], status: str, text: str, exc_info: Any = None) -> list[bytes]:
     body = (text + "\n").encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))],
+                   exc_info)
     return [body]
 
 

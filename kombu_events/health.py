@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from .circuit import DEGRADED, HEALTHY, UNHEALTHY
+from .circuit import DEGRADED, HEALTH_STATES, HEALTHY, UNHEALTHY
 from .decision import describe
 from .errors import ConfigurationError
 
@@ -99,9 +99,9 @@ def check(fn: Callable[[], Any]) -> Health:
         result = fn()
     except Exception as exc:
         return Unhealthy(f"health check {_name(fn)} raised {describe(exc)}")
-    if isinstance(result, type) and issubclass(result, Health) and result is not Health:
+    if isinstance(result, type) and issubclass(result, Health) and result.status in HEALTH_STATES:
         return result()
-    if isinstance(result, Health) and type(result) is not Health:
+    if isinstance(result, Health) and result.status in HEALTH_STATES:
         return result
     return Unhealthy(f"health check {_name(fn)} returned {result!r}, not Healthy, Degraded or Unhealthy")
 

@@ -58,12 +58,21 @@ class HealthRun:
             self._timer = control.call_after(self.check.timeout_s, self._timed_out)
         if not self.running:
             self.running = True
-            self._spawn(partial(self._body, control), f"kombu-events-health-{self.check.name}")
+            try:
+                self._spawn(partial(self._body, control), f"kombu-events-health-{self.check.name}")
+            except Exception:  # e.g. no thread can be started now: the timeout reports it, the next request retries
+                self.running = False
+                logger.exception("kombu-events: health check %s could not be started", self.check.name)
 
     def _body(self, control: Control) -> None:
         """The thread: run the check, post the result to the event loop."""
         result = check(self.check.fn)
-        control.call_soon_threadsafe(partial(self._done, result))
+        try:
+            control.call_soon_threadsafe(partial(self._done, result))
+        except Exception:  # the event loop is gone (the worker stops): the next run may start
+            self.running = False
+            logger.exception("kombu-events: health check %s: its result %r could not be posted to the event loop",
+                             self.check.name, result)
 
     def _done(self, result: Health) -> None:
         self.running = False
@@ -82,7 +91,10 @@ class HealthRun:
             logger.log(level, "kombu-events: health check %s: %s%s", self.check.name, result.status,
                        f": {result.reason}" if result.reason else "")
         self.last = result
-        self.report(self, result)
+        try:
+            self.report(self, result)
+        except Exception:
+            logger.exception("kombu-events: health check %s: acting on its result %r failed", self.check.name, result)
 
     def __repr__(self) -> str:
         return f"<HealthRun {self.check.name}{' running' if self.running else ''}>"

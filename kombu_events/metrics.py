@@ -143,7 +143,12 @@ class PrometheusMetrics(Middleware):
         """Read every depth with passive declares on the worker's connection (on the event loop)."""
         if control.connection is None:
             return
-        depths = read_depths(control.connection, [t.queue for t in targets])
+        try:
+            depths = read_depths(control.connection, [t.queue for t in targets])
+        except Exception:  # the connection went away meanwhile: the gauges keep their last values
+            logger.exception("kombu-events: reading the queue depths of service %s failed; trying again in %g s",
+                             service, REFRESH_S)
+            return
         for target in targets:
             ready = depths.get(target.queue)
             if ready is None:

@@ -170,7 +170,8 @@ class Hooks:
                 context.__enter__()
                 entered.append(context)
             except Exception:
-                logger.exception("kombu-events: middleware %r failed entering handling(); skipped", m)
+                logger.exception("kombu-events: middleware %r failed entering handling() for message %r of %s; "
+                                 "skipped", m, event.message_id, event.queue)
         try:
             result = call()
         except BaseException as exc:
@@ -187,7 +188,8 @@ def _first_outcome(middleware: tuple[Middleware, ...], hook: str, argument: Any)
         if isinstance(outcome, Outcome):
             return outcome
         if outcome is not None:
-            logger.error("kombu-events: %r.%s returned %r, not an Outcome or None; ignored", m, hook, outcome)
+            logger.error("kombu-events: %r.%s returned %r, not an Outcome or None%s; ignored", m, hook, outcome,
+                         _about(hook, (argument,)))
     return None
 
 
@@ -200,8 +202,25 @@ def _exit_all(entered: list[AbstractContextManager[Any]], *exc_info: Any) -> Non
 
 
 def _guarded(hook: Callable[..., T], *args: Any) -> T | None:
+    """``hook(*args)``; an exception is logged with what the hook was called about, and gives None."""
     try:
         return hook(*args)
     except Exception:
-        logger.exception("kombu-events: middleware hook %s failed; skipped", getattr(hook, "__qualname__", hook))
+        logger.exception("kombu-events: middleware hook %s failed%s; skipped", getattr(hook, "__qualname__", hook),
+                         _about(getattr(hook, "__name__", ""), args))
         return None
+
+
+def _about(hook: str, args: tuple[Any, ...]) -> str:
+    """`` for message ... of <queue>`` (or the service, queue or event) for the log line of a failing hook."""
+    first = args[0] if args else None
+    if hook in ("received", "before_dispatch", "settled"):
+        return f" for message {getattr(first, 'message_id', None)!r} of {getattr(first, 'queue', '?')}"
+    if hook in ("started", "stopped"):
+        return f" for service {getattr(first, 'service', '?')}"
+    if hook == "admit":
+        return f" for a message of {first}"
+    if hook in ("before_publish", "after_publish", "after_store") and len(args) >= 3:
+        properties = args[2] if isinstance(args[2], Mapping) else {}
+        return f" for event {args[1]!r} to exchange {args[0]!r} (message id {properties.get('message_id')!r})"
+    return ""

@@ -173,18 +173,25 @@ class Outbox:
         while self._thread is me:  # stop() or a fork ends this loop
             try:
                 wait = self._step()
-            except Exception:  # never let the thread die with events waiting: log, wait, retry
-                logger.exception("kombu-events: the backlog flusher failed; retrying in %s s", self.idle_poll_s)
-                wait = self.idle_poll_s
-            if wait is None:
-                with self._lock:
-                    if not self.wanted():  # decided under the lock start() takes: no event is left behind
-                        if self._thread is me:
-                            self._thread = None
+                if wait is None:
+                    if self._ended(me):
                         return
                     wait = 0.0
+            except Exception:  # never let the thread die with events waiting: log, wait, retry
+                logger.exception("kombu-events: the backlog flusher of %s failed; retrying in %s s",
+                                 self.backlog.path, self.idle_poll_s)
+                wait = self.idle_poll_s
             self._wake.wait(wait)
             self._wake.clear()
+
+    def _ended(self, me: threading.Thread) -> bool:
+        """Whether the thread ends: no work is left (decided under the lock start() takes: no event is left behind)."""
+        with self._lock:
+            if self.wanted():
+                return False
+            if self._thread is me:
+                self._thread = None
+            return True
 
     def _step(self) -> float | None:
         """Run due checks, flush one batch if the circuits allow; how long to wait (None: nothing to do)."""

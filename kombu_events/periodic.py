@@ -235,7 +235,17 @@ class Seeder(Middleware):
     def started(self, control: Any) -> None:
         """Seed from a thread: confirms are awaited on a connection of its own, never on the event loop."""
         if self.events.schedules:
-            threading.Thread(target=self.seed, daemon=True, name="kombu-events-seed").start()
+            threading.Thread(target=self._seed_logged, daemon=True, name="kombu-events-seed").start()
+
+    def _seed_logged(self) -> None:
+        """The seeding thread's body: what goes wrong is logged here (a thread's exception reaches stderr only)."""
+        try:
+            if not self.seed():
+                logger.error("kombu-events: gave up seeding the schedules of %s; a schedule with no token in "
+                             "flight waits for the next start of the events step", self.events.service)
+        except Exception:
+            logger.exception("kombu-events: seeding the schedules of %s failed; a schedule with no token in "
+                             "flight waits for the next start of the events step", self.events.service)
 
     def seed(self, *, attempts: int = SEED_ATTEMPTS, pause_s: float = 1.0) -> bool:
         """Publish the seeds (confirmed), trying ``attempts`` times; whether they were published."""

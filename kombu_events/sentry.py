@@ -58,8 +58,16 @@ def report(sender: Any, event: Event | None = None, exception: BaseException | N
     sentry_sdk = sys.modules.get("sentry_sdk")
     if sentry_sdk is None or event is None or exception is None or not _reported(exception):
         return
-    if not _active(sentry_sdk):
-        return
+    try:
+        if _active(sentry_sdk):
+            _capture(sentry_sdk, sender, event, exception, action, duration_ms)
+    except Exception:  # Sentry's own trouble: the handler's outcome stands, and its error is logged by the worker
+        logger.exception("kombu-events: reporting the error of handler %s (queue %s, message %r) to Sentry failed",
+                         getattr(sender, "__qualname__", sender), event.queue, event.message_id)
+
+
+def _capture(sentry_sdk: Any, sender: Any, event: Event, exception: BaseException, action: str,
+             duration_ms: float) -> None:
     scope_of = getattr(sentry_sdk, "new_scope", None) or sentry_sdk.push_scope
     with scope_of() as scope:
         for name, value in tags(event, action).items():

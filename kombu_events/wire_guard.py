@@ -59,7 +59,7 @@ def install() -> None:
         except Exception as exc:
             logger.warning("kombu-events: message properties py-amqp cannot decode (%s: %s); decoded leniently",
                            type(exc).__name__, exc)
-            return decode_properties_leniently(buf, offset)
+            return _leniently_or_marked(buf, offset)
 
     amqp.abstract_channel.loads = loads
     amqp.serialization.PROPERTY_CLASSES[Basic.CLASS_ID] = decode_properties
@@ -99,6 +99,20 @@ def decode_properties_leniently(buf: Any, offset: int) -> tuple[dict[str, Any], 
             offset += 8
     properties[UNREADABLE] = "; ".join(problems) or "properties cannot be decoded"
     return properties, offset
+
+
+def _leniently_or_marked(buf: Any, offset: int) -> tuple[dict[str, Any], int]:
+    """The properties decoded leniently; if even that raises, none but the mark: the message is archived.
+
+    Raising here would raise out of py-amqp's ``drain_events`` and end the worker, and
+    the broker would hand the same message to the next one.
+    """
+    try:
+        return decode_properties_leniently(buf, offset)
+    except Exception as exc:
+        logger.exception("kombu-events: message properties cannot be decoded even leniently; the message is "
+                         "archived without them")
+        return {UNREADABLE: f"properties cannot be decoded ({type(exc).__name__}: {exc})"}, offset
 
 
 def _failing_key(buf: Any, offset: int, end: int) -> str:

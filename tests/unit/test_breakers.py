@@ -541,3 +541,115 @@ def test_a_pool_deferral_is_no_failure_and_spends_no_attempt():
     step = plan(delivery, refused, max_retries=5, backoff=Exponential(), topology=topology)
     assert isinstance(step, Republish) and step.action == "requeue"
     assert step.properties["application_headers"]["kombu-events-attempts"] == 0
+
+
+# -- what fails on the event loop is logged with its circuit and goes no further ----------------------------
+
+class Broken(Consuming):
+    """A consumer whose channel closed under it: resuming a queue raises."""
+
+    def resume_queue(self, queue, prefetch):
+        super().resume_queue(queue, prefetch)
+        raise RuntimeError("channel closed")
+
+
+def _broken_world() -> World:
+    world = World()
+    world.consuming = Broken()
+    world.control = Control("svc", world.control.queues, world.consuming)
+    world.control.attach(object(), world.hub)
+    world.breakers.started(world.control)
+    return world
+
+
+def test_a_queue_that_cannot_be_resumed_is_logged_with_its_circuit_and_no_hook_or_timer_raises(caplog):
+    world = _broken_world()
+    world.trip()
+    with caplog.at_level(logging.ERROR):
+        world.fire()  # the reset time: half-open, resume raises
+        assert world.circuit().breaker.state == HALF_OPEN
+        delivery, refused = world.deliver()
+        assert refused is None, "the probe is let through"
+        world.breakers.settled(delivery, Outcome(OK), ACK)  # closes it: resume raises again, from the hook
+    assert world.circuit().breaker.state == CLOSED
+    assert world.consuming.calls[-2:] == [("resume", "svc.charge", 1), ("resume", "svc.charge", 100)]
+    records = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    failed = "pausing or resuming its queue failed"
+    assert [(r.name, r.getMessage()) for r in records] == [
+        (LOGGER, f"kombu-events: circuit of handler charge (queue svc.charge, half_open): {failed}"),
+        (LOGGER, f"kombu-events: circuit of handler charge (queue svc.charge, closed): {failed}")]
+    assert all(r.exc_info[1].args == ("channel closed",) for r in records)
+
+
+def test_after_a_reconnect_a_circuit_that_cannot_be_resumed_does_not_keep_the_others_from_re_arming(caplog):
+    world = World()
+    world.trip(charge)
+    world.trip(audit)
+    world.fire()  # charge half-opens
+    world.control.detach()
+    world.breakers.stopped(world.control)
+    world.consuming, world.hub = Broken(), Hub()
+    world.control = Control("svc", world.control.queues, world.consuming)
+    world.control.attach(object(), world.hub)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        world.breakers.started(world.control)
+    assert "circuit of handler charge (queue svc.charge, half_open): re-arming it after the step started failed" \
+        in caplog.text
+    assert [t.seconds for t in world.hub.live()] == [0.0], "audit's reset timer (due now) is set all the same"
+
+
+def test_a_reset_timer_that_fails_is_logged_with_its_circuit(world, monkeypatch, caplog):
+    world.trip()
+    monkeypatch.setattr(world.circuit().breaker, "due", lambda now: 1 / 0)
+    with caplog.at_level(logging.ERROR):
+        world.fire()
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert record.name == LOGGER
+    assert record.getMessage() == ("kombu-events: circuit of handler charge (queue svc.charge, open): its reset "
+                                   "timer failed")
+
+
+def test_a_health_check_thread_that_cannot_start_is_logged_and_the_next_request_starts_one(caplog):
+    world = checked_world(Healthy())
+    [run] = world.breakers.runs
+    spawned: list[Any] = []
+
+    def spawn(body, name):
+        if not spawned:
+            spawned.append(None)
+            raise RuntimeError("can't start new thread")
+        world.threads.append((body, name))
+
+    run._spawn = spawn
+    with caplog.at_level(logging.ERROR, logger="kombu_events.health_runs"):
+        run.request()
+    assert not run.running and world.threads == []
+    assert "health check checked_world.<locals>.db could not be started" in caplog.text
+    run.request()
+    assert run.running and len(world.threads) == 1
+
+
+def test_a_result_that_cannot_reach_the_event_loop_is_logged_and_the_next_run_may_start(caplog):
+    world = checked_world(Healthy())
+    [run] = world.breakers.runs
+
+    def closed(fn):
+        raise TypeError("'NoneType' object is not subscriptable")  # the loop's wake-up pipe was closed
+
+    world.consuming.call_soon_threadsafe = closed  # type: ignore[method-assign]
+    run.request()
+    with caplog.at_level(logging.ERROR, logger="kombu_events.health_runs"):
+        world.finish_threads()  # the thread's body: must not raise
+    assert not run.running and run.last is None
+    assert "its result Healthy() could not be posted to the event loop" in caplog.text
+
+
+def test_a_result_the_breakers_fail_to_act_on_is_logged_with_its_check(caplog):
+    world = checked_world(Unhealthy("refused"))
+    [run] = world.breakers.runs
+    run.report = lambda run, health: 1 / 0
+    run.request()
+    with caplog.at_level(logging.ERROR, logger="kombu_events.health_runs"):
+        world.finish_threads()
+    assert run.last == Unhealthy("refused") and not run.running
+    assert "health check checked_world.<locals>.db: acting on its result Unhealthy('refused') failed" in caplog.text

@@ -1,6 +1,7 @@
 """exporter.py: the WSGI app behind /metrics and /healthz (called directly: no socket), multiprocess mode, wiring."""
 from __future__ import annotations
 
+import logging
 import os
 
 import celery
@@ -190,3 +191,21 @@ def test_with_circuit_breakers_the_workers_metrics_see_settles_and_publishes_and
         events.publish("orders.1.created", {})
     assert metrics.registry.get_sample_value("kombu_events_published_total",
                                              {"exchange": "events", "status": "ok"}) == 1, "publishing hooks too"
+
+
+class Broken:
+    """A collector that raises at scrape time."""
+
+    def collect(self):
+        raise RuntimeError("collector broke")
+
+
+def test_a_scrape_that_fails_answers_500_and_is_logged_with_its_path(caplog):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Broken())
+    with caplog.at_level(logging.ERROR, logger="kombu_events.exporter"):
+        status, _headers, body = get(exporter.make_app(registry, Liveness()), "/metrics")
+    assert status == "500 Internal Server Error" and body == b"serving /metrics failed: see the worker's log\n"
+    (record,) = caplog.records
+    assert record.getMessage() == "kombu-events: serving /metrics failed"
+    assert record.exc_info[1].args == ("collector broke",)

@@ -7,7 +7,7 @@ from celery import Celery
 from kombu_events import CircuitBreaker, ConfigurationError, Degraded, Events, Healthy, Unhealthy
 from kombu_events.breakers import Breakers
 from kombu_events.config import resolve_settings
-from kombu_events.health import HealthCheck, check
+from kombu_events.health import Health, HealthCheck, check
 
 
 def fine():
@@ -26,12 +26,26 @@ def odd():
     return "ok"
 
 
+class Meh(Health):
+    """A Health of the user's own, with no status a circuit knows."""
+
+
+def meh():
+    return Meh("so-so")
+
+
+def meh_class():
+    return Meh
+
+
 @pytest.mark.parametrize("fn, expected", [
     (fine, Healthy()),
     (slow, Degraded("p99 2 s")),
     (lambda: Unhealthy(), Unhealthy()),
     (broken, Unhealthy("health check broken raised builtins.ConnectionError: refused")),
     (odd, Unhealthy("health check odd returned 'ok', not Healthy, Degraded or Unhealthy")),
+    (meh, Unhealthy("health check meh returned Meh('so-so'), not Healthy, Degraded or Unhealthy")),
+    (meh_class, Unhealthy(f"health check meh_class returned {Meh!r}, not Healthy, Degraded or Unhealthy")),
 ])
 def test_a_check_always_gives_a_health_whatever_it_does(fn, expected):
     assert check(fn) == expected

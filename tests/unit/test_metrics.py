@@ -1,6 +1,8 @@
 """metrics.py: PrometheusMetrics counts what the hooks see, on a registry of its own, with a fake control."""
 from __future__ import annotations
 
+import logging
+
 import celery
 import pytest
 from amqp.exceptions import NotFound
@@ -194,6 +196,27 @@ def test_no_depth_reading_while_the_step_has_no_connection(metrics):
     metrics.started(control)
     control.timers[0][2]()
     assert metrics.registry.get_sample_value("kombu_events_archive_depth", {"service": "billing"}) is None
+
+
+class LostConnection(FakeConnection):
+    def channel(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_a_depth_reading_that_fails_is_logged_with_its_service_and_the_gauges_keep_their_values(metrics, caplog):
+    connection = FakeConnection({"billing.audit": 4})
+    control = FakeControl(connection)
+    metrics.started(control)
+    refresh = control.timers[1][2]
+    refresh()
+    control.connection = LostConnection({})
+    with caplog.at_level(logging.ERROR, logger="kombu_events.metrics"):
+        refresh()  # the timer on the event loop: must not raise
+    (record,) = caplog.records
+    assert record.getMessage() == ("kombu-events: reading the queue depths of service billing failed; "
+                                   "trying again in 15 s")
+    assert isinstance(record.exc_info[1], ConnectionResetError)
+    assert value(metrics, "kombu_events_queue_depth") == 4
 
 
 def test_the_circuit_state_gauge_follows_circuit_changed(metrics, events):

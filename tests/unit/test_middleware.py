@@ -103,8 +103,77 @@ def test_a_hook_that_raises_is_logged_and_the_next_one_runs(hook, caplog):
         CALLS[hook](hooks)
     assert calls == [("a", hook), ("b", hook)]
     (record,) = caplog.records
-    assert f"Recorder.{hook}" in record.getMessage() and "failed; skipped" in record.getMessage()
+    assert f"Recorder.{hook}" in record.getMessage() and "; skipped" in record.getMessage()
     assert record.exc_info[1].args == (f"a broke in {hook}",)
+
+
+ABOUT = {
+    "received": "for message 'm-7' of billing.audit",
+    "before_dispatch": "for message 'm-7' of billing.audit",
+    "settled": "for message 'm-7' of billing.audit",
+    "before_publish": "for event 'orders.7.created' to exchange 'events' (message id 'm-7')",
+    "after_publish": "for event 'orders.7.created' to exchange 'events' (message id 'm-7')",
+    "after_store": "for event 'orders.7.created' to exchange 'events' (message id 'm-7')",
+}
+
+
+@pytest.mark.parametrize("hook", ABOUT)
+def test_a_failing_hook_is_logged_with_the_message_it_was_called_about(hook, caplog):
+    delivery = DELIVERY._replace(properties={"message_id": "m-7"})
+    properties = {"message_id": "m-7", "application_headers": {}}
+    hooks = Hooks([Recorder("a", [], fail=True)])
+    calls = {"received": lambda: hooks.received(delivery), "before_dispatch": lambda: hooks.before_dispatch(delivery),
+             "settled": lambda: hooks.settled(delivery, Outcome(OK), ACK),
+             "before_publish": lambda: hooks.before_publish("events", "orders.7.created", properties),
+             "after_publish": lambda: hooks.after_publish("events", "orders.7.created", properties, None),
+             "after_store": lambda: hooks.after_store("events", "orders.7.created", properties)}
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        calls[hook]()
+    (record,) = caplog.records
+    assert ABOUT[hook] in record.getMessage()
+
+
+class Lifecycle(Middleware):
+    """started, stopped and admit that raise."""
+
+    def started(self, control):
+        raise RuntimeError("started broke")
+
+    def stopped(self, control):
+        raise RuntimeError("stopped broke")
+
+    def admit(self, queue):
+        raise RuntimeError("admit broke")
+
+
+class Service:
+    service, queues = "billing", ("billing.audit",)
+
+
+@pytest.mark.parametrize("hook, call, about", [
+    ("started", lambda hooks: hooks.started(Service()), "for service billing"),
+    ("stopped", lambda hooks: hooks.stopped(Service()), "for service billing"),
+    ("admit", lambda hooks: hooks.admit("billing.audit"), "for a message of billing.audit"),
+])
+def test_lifecycle_and_pool_hooks_that_raise_are_logged_with_their_service_or_queue(hook, call, about, caplog):
+    calls: list[tuple[str, str]] = []
+
+    class After(Middleware):
+        def started(self, control):
+            calls.append(("after", "started"))
+
+        def stopped(self, control):
+            calls.append(("after", "stopped"))
+
+        def admit(self, queue):
+            calls.append(("after", "admit"))
+
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        assert call(Hooks([Lifecycle(), After()])) is None
+    assert calls == [("after", hook)]
+    (record,) = caplog.records
+    assert f"Lifecycle.{hook} failed {about}; skipped" in record.getMessage()
+    assert record.exc_info[1].args == (f"{hook} broke",)
 
 
 class Returns(Middleware):
@@ -133,7 +202,7 @@ def test_before_dispatch_ignores_and_logs_what_is_not_an_outcome(returned, caplo
     with caplog.at_level(logging.ERROR, logger=LOGGER):
         assert hooks.before_dispatch(DELIVERY) is DEFER
     (record,) = caplog.records
-    assert repr(returned) in record.getMessage() and "not an Outcome or None; ignored" in record.getMessage()
+    assert repr(returned) in record.getMessage() and "not an Outcome or None for message" in record.getMessage()
 
 
 def test_before_dispatch_that_raises_dispatches(caplog):
@@ -254,7 +323,7 @@ def test_a_context_that_fails_to_enter_is_skipped(caplog):
     assert [entry[:2] if isinstance(entry, tuple) else entry for entry in log] == [
         ("enter", "a"), ("enter", "b"), ("enter", "c"), "handler", ("exit", "c"), ("exit", "a")]
     (record,) = caplog.records
-    assert "failed entering handling(); skipped" in record.getMessage()
+    assert "failed entering handling() for message None of billing.audit; skipped" in record.getMessage()
 
 
 @pytest.mark.parametrize("handling", [

@@ -1,16 +1,19 @@
 """outbox.py: publish or store, flush in order, the daemon thread -- over an in-memory fake broker."""
 from __future__ import annotations
 
+import logging
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck as Hypothesis, event, given, settings, strategies as st
 
 from kombu_events.backlog import Backlog
 from kombu_events.circuit import CircuitBreaker
-from kombu_events.errors import BrokerUnavailableError, ConfirmTimeoutError, EncodeError, UnroutableError
+from kombu_events.errors import BacklogError, BrokerUnavailableError, ConfirmTimeoutError, EncodeError, UnroutableError
 from kombu_events.guard import Guard
 from kombu_events.health import Healthy, Unhealthy
 from kombu_events.outbox import STORED, Outbox
@@ -163,6 +166,31 @@ def test_the_daemon_thread_drains_once_the_broker_answers_then_ends(tmp_path, br
     assert broker.delivered == ["1", "2", "3"] and box.guard.closed() and not box.backlog.pending()
     assert box.send(items("4")) == [None]
     box.stop()
+
+
+def test_the_daemon_thread_survives_a_backlog_that_fails_while_it_decides_to_end(tmp_path, broker, monkeypatch,
+                                                                                  caplog):
+    box = make_outbox(tmp_path / "b.sqlite3", broker)
+    answers: list[bool | Exception] = [BacklogError("disk I/O error"), False]
+
+    def pending() -> bool:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(box, "_step", lambda: None)  # nothing flushed: the thread asks whether to end
+    monkeypatch.setattr(box.backlog, "pending", pending)
+    escaped: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    with caplog.at_level(logging.ERROR, logger="kombu_events.outbox"):
+        box.start()
+        thread = box._thread
+        assert thread is not None
+        thread.join(5)
+    assert escaped == [] and answers == [], "the failure was logged, the thread asked again and then ended"
+    assert f"the backlog flusher of {box.backlog.path} failed" in caplog.text
+    assert box._thread is None
 
 
 OPS = st.lists(st.one_of(st.tuples(st.just("publish"), st.integers(1, 5)),

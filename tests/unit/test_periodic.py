@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -193,6 +195,33 @@ def test_seeding_tries_again_then_gives_up(events):
     events.periodic("a", every=1)(print)
     events._schedule_store = FakeStore(fail_publish=True)
     assert Seeder(events).seed(attempts=2, pause_s=0) is False
+
+
+class BrokenStore(FakeStore):
+    def publish_many(self, items):
+        raise RuntimeError("the store broke")
+
+
+def _seed_in_the_worker(events) -> None:
+    """What the step does: ``started`` seeds from a thread of its own; wait for that thread."""
+    before = set(threading.enumerate())
+    Seeder(events).started(SimpleNamespace(service="billing"))
+    for thread in set(threading.enumerate()) - before:
+        thread.join(5)
+
+
+@pytest.mark.parametrize("store, logged", [
+    (BrokenStore(), "seeding the schedules of billing failed"),
+    (FakeStore(fail_publish=True), "gave up seeding the schedules of billing"),
+])
+def test_the_seeding_thread_logs_what_went_wrong_with_its_service(events, store, logged, monkeypatch, caplog):
+    events.periodic("a", every=1)(print)
+    events._schedule_store = store
+    monkeypatch.setattr(Seeder.seed, "__kwdefaults__", {"attempts": 1, "pause_s": 0})  # the thread's seed()
+    with caplog.at_level(logging.WARNING, logger="kombu_events.periodic"):
+        _seed_in_the_worker(events)
+    assert logged in caplog.text
+    assert [r for r in caplog.records if r.levelno == logging.ERROR]
 
 
 class FakeChannel:

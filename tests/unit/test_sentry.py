@@ -1,6 +1,7 @@
 """sentry.py: handler errors captured by a real sentry_sdk client whose transport keeps the envelopes (no socket)."""
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -136,3 +137,19 @@ def test_a_worker_in_a_tests_thread_leaves_no_receiver_behind(monkeypatch):
     assert signals.handler_failed.receivers
     step.shutdown(parent)
     assert not signals.handler_failed.receivers
+
+
+def test_a_sentry_sdk_that_raises_is_logged_with_the_handler_and_message_and_goes_no_further(initialised, monkeypatch,
+                                                                                             caplog):
+    def broken(exception):
+        raise RuntimeError("transport broke")
+
+    monkeypatch.setattr(sentry_sdk, "capture_exception", broken)
+    event = Event({}, "orders.1", "billing.charge", 2, properties={"message_id": "m-1"})
+    with caplog.at_level(logging.ERROR, logger="kombu_events.sentry"):
+        sentry.report(sender=test_tags_are_cut_to_sentrys_length, event=event, exception=ValueError("boom"),
+                      action="retry")
+    (record,) = caplog.records
+    assert record.getMessage() == ("kombu-events: reporting the error of handler test_tags_are_cut_to_sentrys_length "
+                                   "(queue billing.charge, message 'm-1') to Sentry failed")
+    assert record.exc_info[1].args == ("transport broke",)

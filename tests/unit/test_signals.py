@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from contextlib import contextmanager
 from types import TracebackType
@@ -214,3 +215,18 @@ def test_duration_leaves_out_the_middlewares_time():
 
     _register(lambda payload: None, Slow())
     assert _run().duration_ms < 50
+
+
+@pytest.mark.parametrize("name", [n for n in signals.__all__ if n != "TypedSignal"])
+def test_a_receiver_that_raises_never_raises_out_of_send(name, caplog):
+    """The main-process signals are sent from the event loop (settling, confirms, breaker timers): Celery's
+    dispatcher must keep a receiver's exception to itself, logged, for every one of them."""
+    signal = getattr(signals, name)
+    signal.connect(_raises, weak=False, dispatch_uid="test_raises")
+    try:
+        with caplog.at_level(logging.ERROR):
+            [(receiver, exc)] = signal.send(sender=None)
+    finally:
+        signal.disconnect(dispatch_uid="test_raises")
+    assert receiver is _raises and isinstance(exc, RuntimeError)
+    assert f"receiver of {name} broke" in caplog.text

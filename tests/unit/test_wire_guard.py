@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from decimal import Decimal
-from struct import pack
+from struct import error as struct_error, pack
 
 import amqp
 import amqp.abstract_channel
@@ -201,6 +201,17 @@ def test_a_message_with_a_bad_frame_loads_its_properties(guard):
     message._load_properties(Basic.CLASS_ID, frame, 0)
     assert message.properties["message_id"] == "m-1"
     assert message.properties["application_headers"] == {UNREADABLE_HEADERS: item}
+
+
+def test_properties_not_even_the_lenient_decoder_reads_leave_only_the_mark_and_never_raise(guard, caplog):
+    frame = pack(">H", 1 << BITS["timestamp"])  # a timestamp said to follow, and no bytes: both decoders fail
+    with pytest.raises(struct_error):
+        wire_guard.decode_properties_leniently(frame, 0)
+    with caplog.at_level(logging.WARNING, logger=wire_guard.__name__):
+        properties, offset = guard(frame, 0)  # py-amqp's frame dispatch: raising here would end the worker
+    assert list(properties) == [UNREADABLE] and offset == 0
+    assert properties[UNREADABLE].startswith("properties cannot be decoded (")
+    assert "cannot be decoded even leniently" in caplog.text
 
 
 def _deliver(exchange: bytes, routing_key: bytes) -> bytes:
