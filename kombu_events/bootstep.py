@@ -4,7 +4,8 @@ from __future__ import annotations
 __all__ = ["EventsStep", "install", "OPTION", "METRICS_OPTION"]
 
 import logging
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import click
 from celery import bootsteps
@@ -62,30 +63,56 @@ class EventsStep(bootsteps.StartStopStep):
         return included
 
     def start(self, c: Any) -> None:
-        """Declare each service's topology and start its consumers."""
+        """Declare each service's topology and start its consumers.
+
+        An exception goes on to Celery, named by service here: a connection error makes
+        it reconnect and start the step again, any other error stops the worker.
+        """
         for consumer in self.consumers:
-            consumer.start(c.connection, c.pool, c.hub)
+            with _naming("starting", consumer):
+                consumer.start(c.connection, c.pool, c.hub, call_soon=getattr(c, "call_soon", None))
 
     def register_with_event_loop(self, c: Any, hub: Any) -> None:
-        """Start receiving: the pool is ready to take work only from here on."""
+        """Start receiving: the pool is ready to take work only from here on (errors as for :meth:`start`)."""
         for consumer in self.consumers:
-            consumer.consume()
+            with _naming("starting to consume", consumer):
+                consumer.consume()
 
     def stop(self, c: Any) -> None:
-        """Stop receiving (handlers still running may ack)."""
+        """Stop receiving (handlers still running may ack); a service that fails to stop leaves the others to stop."""
         for consumer in self.consumers:
-            consumer.stop()
+            _logged(consumer.stop, "stopping", consumer)
 
     def shutdown(self, c: Any) -> None:
         """Close the step's channels."""
         for consumer in self.consumers:
-            consumer.shutdown()
+            _logged(consumer.shutdown, "shutting down", consumer)
         if self._sentry:  # a worker in a test's thread ends; the process goes on
             sentry.uninstall()
             self._sentry = False
         if self.exporter is not None:
             self.exporter.close()
             self.exporter = None
+
+
+@contextmanager
+def _naming(what: str, consumer: ServiceConsumer) -> Iterator[None]:
+    """Say which service an error came from, and let it go on to Celery."""
+    try:
+        yield
+    except Exception as exc:
+        logger.error("kombu-events: %s service %s failed: %s: %s", what, consumer.settings.service,
+                     type(exc).__name__, exc)
+        raise
+
+
+def _logged(action: Callable[[], Any], what: str, consumer: ServiceConsumer) -> None:
+    """``action()``; an exception is logged with its service (Celery stops or restarts the step regardless)."""
+    try:
+        action()
+    except Exception:
+        logger.exception("kombu-events: %s service %s failed; going on with the others", what,
+                         consumer.settings.service)
 
 
 def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:

@@ -39,6 +39,9 @@ from .settle import announce, screen
 
 logger = logging.getLogger(__name__)
 
+#: How often the event loop looks for a channel of ours that the broker closed.
+CHANNEL_CHECK_S = 5.0
+
 
 class ServiceConsumer:
     """The consumers of one :class:`~kombu_events.Events` service on a worker connection."""
@@ -69,14 +72,24 @@ class ServiceConsumer:
         self._wake: tuple[int, int] | None = None
         #: How many of our callbacks are running on this thread (nested when a wait drains frames).
         self._depth = 0
+        #: Without an event loop: Celery's consumer.call_soon, run between two reads of its blocking loop.
+        self._celery_call_soon: Callable[[Callable[[], Any]], Any] | None = None
+        self._drain_asked = False
+        self._channel_check: Any = None
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
 
-    def start(self, connection: Any, pool: Any, hub: Any) -> None:
-        """Declare the topology and start consuming on fresh channels of ``connection``."""
+    def start(self, connection: Any, pool: Any, hub: Any,
+              call_soon: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+        """Declare the topology and start consuming on fresh channels of ``connection``.
+
+        ``call_soon`` (Celery's ``Consumer.call_soon``) runs a callable between two reads of
+        the blocking loop that workers without an event loop (gevent, eventlet) run.
+        """
         self._close_channels()
         declare(self.topology, connection)
         self._pool, self._hub, self._connection = pool, hub, connection
+        self._celery_call_soon = call_soon if hub is None else None
         self._userid = getattr(connection, "userid", None)
         self._loop_ident = threading.get_ident()
         channel = connection.channel()
@@ -104,6 +117,7 @@ class ServiceConsumer:
                 os.set_blocking(self._wake[0], False)
                 os.set_blocking(self._wake[1], False)
             self._hub.add_reader(self._wake[0], self._drain_mailbox)
+            self._channel_check = self._hub.call_repeatedly(CHANNEL_CHECK_S, self._check_channels)
         self._started = True
         self.control.attach(self._connection, self._hub)
         if self.hooks.on_started:
@@ -121,6 +135,9 @@ class ServiceConsumer:
             _quietly(consumer.cancel)
         self._consumers = {}
         self._active = set()
+        if self._channel_check is not None:
+            _quietly(self._channel_check.cancel)
+            self._channel_check = None
         if self._started:
             self._started = False
             self.control.detach()
@@ -176,14 +193,19 @@ class ServiceConsumer:
                 os.write(self._wake[1], b"\0")
             except OSError:
                 pass  # a wake-up byte is already pending
+        elif self._celery_call_soon is not None:
+            if not self._drain_asked:
+                self._drain_asked = True
+                self._celery_call_soon(self._drain_mailbox)
         elif self._depth == 0:
-            self._drain_mailbox()
+            self._drain_mailbox()  # no loop at all (not started yet, or a test): nothing else would run it
 
-    def _leave(self) -> None:
-        """One of our callbacks returns: without an event loop, the outermost one runs what it queued."""
-        self._depth -= 1
-        if not self._depth and self._mailbox and self._wake is None:
-            self._drain_mailbox()
+    def _check_channels(self) -> None:
+        """Hub timer: a channel the broker closed (a refused consume, an ack it did not know) ends our
+        consuming for good, unseen by Celery; raise a connection error so that Celery reconnects."""
+        if self._started and any(not getattr(channel, "is_open", True) for channel in self._channels):
+            raise ConnectionError(f"kombu-events: a channel of service {self.settings.service} was closed "
+                                  f"by the broker; reconnecting to consume again")
 
     def shutdown(self) -> None:
         """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
@@ -228,7 +250,7 @@ class ServiceConsumer:
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
                              _message_id(message), route.handler.queue)
         finally:
-            self._leave()
+            self._depth -= 1
 
     def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
         """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
@@ -272,6 +294,7 @@ class ServiceConsumer:
         """Run what was queued for the loop, one by one; what they queue in turn runs in this same pass."""
         if self._depth:
             return  # inside one of our callbacks (or already draining): the outermost pass runs it
+        self._drain_asked = False
         self._depth += 1
         try:
             try:
@@ -303,7 +326,7 @@ class ServiceConsumer:
             logger.exception("kombu-events: could not settle message %r from %s; left unacked",
                              delivery.message_id, delivery.queue)
         finally:
-            self._leave()
+            self._depth -= 1
 
     def _execute(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome,
                  step: Step) -> None:
@@ -317,14 +340,14 @@ class ServiceConsumer:
                 try:
                     self._ack(route, delivery, message, outcome, step)
                 finally:
-                    self._leave()
+                    self._depth -= 1
 
             def on_fail(why: str) -> None:
                 self._depth += 1
                 try:
                     self._execute(route, delivery, message, outcome, step.if_refused(why))
                 finally:
-                    self._leave()
+                    self._depth -= 1
 
             try:
                 confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,

@@ -1,0 +1,67 @@
+"""bootstep.py: the step's start errors go on to Celery named by service; stop and shutdown reach every service."""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import celery
+import pytest
+
+from kombu_events.bootstep import EventsStep
+
+LOGGER = "kombu_events.bootstep"
+
+
+class Consumer:
+    """A ServiceConsumer that records its calls; ``fails`` names the one that raises."""
+
+    def __init__(self, service: str, calls: list[tuple[str, str]], fails: str = "") -> None:
+        self.settings = SimpleNamespace(service=service)
+        self.calls, self.fails = calls, fails
+
+    def _call(self, what: str) -> None:
+        self.calls.append((what, self.settings.service))
+        if what == self.fails:
+            raise RuntimeError(f"{self.settings.service} broke in {what}")
+
+    def start(self, connection, pool, hub, call_soon=None):
+        self._call("start")
+
+    def consume(self):
+        self._call("consume")
+
+    def stop(self):
+        self._call("stop")
+
+    def shutdown(self):
+        self._call("shutdown")
+
+
+def _step(fails: str) -> tuple[EventsStep, list[tuple[str, str]], SimpleNamespace]:
+    parent = SimpleNamespace(app=celery.Celery("proj", broker="memory://", set_as_current=False),
+                             connection=None, pool=None, hub=None)
+    step = EventsStep(parent)  # without --with-events-step: no services of its own
+    calls: list[tuple[str, str]] = []
+    step.consumers = [Consumer("billing", calls, fails), Consumer("shipping", calls)]  # type: ignore[list-item]
+    return step, calls, parent
+
+
+@pytest.mark.parametrize("method", ["stop", "shutdown"])
+def test_a_service_that_fails_to_stop_is_logged_and_the_others_still_stop(method, caplog):
+    step, calls, parent = _step(fails=method)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        getattr(step, method)(parent)
+    assert calls == [(method, "billing"), (method, "shipping")]
+    (record,) = caplog.records
+    assert "service billing failed" in record.getMessage()
+    assert record.exc_info[1].args == (f"billing broke in {method}",)
+
+
+@pytest.mark.parametrize("method, called", [("start", "start"), ("register_with_event_loop", "consume")])
+def test_a_service_that_fails_to_start_is_named_and_celery_sees_the_error(method, called, caplog):
+    step, calls, parent = _step(fails=called)
+    with caplog.at_level(logging.ERROR, logger=LOGGER), pytest.raises(RuntimeError, match="billing broke"):
+        getattr(step, method)(parent, *(() if method == "start" else (None,)))
+    assert calls == [(called, "billing")]  # Celery restarts the step, or stops the worker: not ours to hide
+    (record,) = caplog.records
+    assert "service billing failed: RuntimeError: billing broke" in record.getMessage()
