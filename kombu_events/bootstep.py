@@ -51,6 +51,7 @@ class EventsStep(bootsteps.StartStopStep):
                 logger.warning("kombu-events: %s given but app %s registers no Events", OPTION, parent.app.main)
             task_queues.check_task_queues(parent.app, services)  # quorum events need quorum task queues
             wire_guard.install()  # a message py-amqp cannot decode must not end the worker
+            _retry_channel_errors(parent.app)
             self._sentry = sentry.install()  # handler errors reach Sentry once the app initialised sentry_sdk
             self.exporter = _serve_metrics(parent.app, services, events_metrics_port)
             self.consumers = [ServiceConsumer(e) for e in services]
@@ -113,6 +114,22 @@ def _logged(action: Callable[[], Any], what: str, consumer: ServiceConsumer) -> 
     except Exception:
         logger.exception("kombu-events: %s service %s failed; going on with the others", what,
                          consumer.settings.service)
+
+
+def _retry_channel_errors(app: Any) -> None:
+    """Reconnect on a channel error at start-up too (Celery's ``broker_channel_error_retry``), unless the app chose.
+
+    After a connection that went silent, the broker keeps the old connection until its
+    heartbeat times out, and with it Celery's exclusive remote-control queue: declaring
+    that queue again fails with RESOURCE_LOCKED, a channel error, which by default ends
+    the worker. Retrying reconnects once the broker has let the old connection go.
+    """
+    key = "broker_channel_error_retry"
+    maps = getattr(app.conf, "maps", [])
+    if any(key in layer for layer in maps[:-1]):  # set by the app (the last layer is Celery's defaults)
+        return
+    app.conf[key] = True
+    logger.debug("kombu-events: %s set to True (the app left it unset)", key)
 
 
 def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:

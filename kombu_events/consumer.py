@@ -36,6 +36,7 @@ from .delivery import Delivery, read_delivery
 from .plan import Ack, Republish, Step, plan
 from .registry import Route
 from .settle import announce, screen
+from .waits import BrokerSilent, answer_within
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +132,11 @@ class ServiceConsumer:
 
     def stop(self) -> None:
         """Stop receiving; keep channels so handlers still running can ack."""
-        for consumer in self._consumers.values():
-            _quietly(consumer.cancel)
+        try:
+            for queue, consumer in self._consumers.items():
+                self._call(f"cancelling the consumer of {queue}", consumer.cancel)
+        except BrokerSilent as exc:  # Celery is stopping the step already: it reconnects or ends
+            logger.info("%s", exc)
         self._consumers = {}
         self._active = set()
         if self._channel_check is not None:
@@ -151,7 +155,7 @@ class ServiceConsumer:
         consumer = self._consumers.get(queue)
         if consumer is not None and queue in self._active:
             self._active.discard(queue)
-            _quietly(consumer.cancel)
+            self._call(f"cancelling the consumer of {queue}", consumer.cancel)
 
     def resume_queue(self, queue: str, prefetch: int | None) -> None:
         """Consume ``queue`` again (once the step runs), with ``prefetch`` messages in flight if given."""
@@ -161,7 +165,7 @@ class ServiceConsumer:
         if queue in self._active:
             if prefetch is None:
                 return  # a pause that never took effect: consuming already
-            _quietly(consumer.cancel)
+            self._call(f"cancelling the consumer of {queue}", consumer.cancel)
         self._subscribe(queue, prefetch)
 
     def _subscribe(self, queue: str, prefetch: int | None) -> None:
@@ -170,14 +174,26 @@ class ServiceConsumer:
         if prefetch is None:
             prefetch = self._prefetch.get(queue)
         channel: Any = consumer.channel
-        if prefetch is not None:
-            channel.basic_qos(0, prefetch, False)  # applies to consumers started from now on
-        try:
+        with answer_within(self._connection, doing=f"starting the consumer of {queue}"):
+            if prefetch is not None:
+                channel.basic_qos(0, prefetch, False)  # applies to consumers started from now on
             consumer.consume()
             self._active.add(queue)
-        finally:
             if prefetch is not None:
-                _quietly(channel.basic_qos, 0, self.prefetch_count, False)
+                channel.basic_qos(0, self.prefetch_count, False)
+
+    def _call(self, doing: str, fn: Callable[[], Any]) -> None:
+        """A synchronous call on the worker's connection, bounded; a channel that failed under us is logged.
+
+        A broker that does not answer in time raises BrokerSilent: Celery reconnects.
+        """
+        try:
+            with answer_within(self._connection, doing=doing):
+                fn()
+        except BrokerSilent:
+            raise
+        except Exception as exc:
+            logger.debug("kombu-events: %s failed: %s", doing, exc)
 
     def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the event loop once the callback running now has returned; from any thread.
@@ -235,8 +251,11 @@ class ServiceConsumer:
     def _close_channels(self) -> None:
         # Pending confirms die with their channel; their originals are redelivered.
         self._confirmer = None
-        for channel in self._channels:
-            _quietly(channel.close)
+        try:
+            for channel in self._channels:
+                self._call("closing a channel", channel.close)
+        except BrokerSilent as exc:  # the connection is lost: its channels go with it
+            logger.info("%s", exc)
         self._channels = []
 
     # -- receiving ----------------------------------------------------------------------------
@@ -306,6 +325,8 @@ class ServiceConsumer:
                 fn = self._mailbox.popleft()
                 try:
                     fn()
+                except BrokerSilent:
+                    raise  # Celery's loop takes it as a lost connection and reconnects; the rest waits for then
                 except Exception:
                     logger.exception("kombu-events: %s, queued for the event loop of service %s, failed; skipped",
                                      getattr(fn, "__qualname__", fn), self.settings.service)

@@ -21,6 +21,8 @@ import threading
 from functools import partial
 from typing import Any, Callable, Protocol
 
+from .waits import BrokerSilent
+
 logger = logging.getLogger(__name__)
 
 
@@ -184,6 +186,8 @@ def _guarded(fn: Callable[[], Any]) -> Callable[[], None]:
     def call() -> None:
         try:
             fn()
+        except BrokerSilent:
+            raise  # the connection is lost: Celery's loop reconnects (see kombu_events.waits)
         except Exception:
             logger.exception("kombu-events: timer %s failed; skipped", getattr(fn, "__qualname__", fn))
     return call

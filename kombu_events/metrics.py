@@ -26,6 +26,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from . import decision, registry, signals
 from .depths import DepthTarget, depth_targets, read_depths
+from .waits import BrokerSilent, answer_within
 from .errors import UnroutableError
 from .metric_families import BUCKETS, CIRCUIT_STATES, Families
 from .middleware import Middleware
@@ -144,7 +145,10 @@ class PrometheusMetrics(Middleware):
         if control.connection is None:
             return
         try:
-            depths = read_depths(control.connection, [t.queue for t in targets])
+            with answer_within(control.connection, doing=f"the depth reads of service {service}"):
+                depths = read_depths(control.connection, [t.queue for t in targets])
+        except BrokerSilent:
+            raise  # from a hub timer: Celery's loop takes it as a lost connection and reconnects
         except Exception:  # the connection went away meanwhile: the gauges keep their last values
             logger.exception("kombu-events: reading the queue depths of service %s failed; trying again in %g s",
                              service, REFRESH_S)

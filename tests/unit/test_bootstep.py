@@ -65,3 +65,23 @@ def test_a_service_that_fails_to_start_is_named_and_celery_sees_the_error(method
     assert calls == [(called, "billing")]  # Celery restarts the step, or stops the worker: not ours to hide
     (record,) = caplog.records
     assert "service billing failed: RuntimeError: billing broke" in record.getMessage()
+
+
+class _Settings:
+    broker_channel_error_retry = False
+
+
+@pytest.mark.parametrize("setup, expected", [
+    (lambda app: None, True),  # left unset: a RESOURCE_LOCKED after a silent connection must not end the worker
+    (lambda app: app.config_from_object(_Settings), False),
+    (lambda app: setattr(app.conf, "broker_channel_error_retry", False), False),
+])
+def test_channel_errors_are_retried_unless_the_app_chose(setup, expected):
+    from celery import Celery
+
+    from kombu_events.bootstep import _retry_channel_errors
+    app = Celery("t", set_as_current=False)
+    setup(app)
+    app.conf.broker_url  # noqa: B018 -- the worker's app is configured by the time the step is built
+    _retry_channel_errors(app)
+    assert app.conf.broker_channel_error_retry is expected
