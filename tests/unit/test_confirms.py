@@ -231,3 +231,64 @@ def test_every_publish_is_settled_exactly_once(ops):
         assert len(results) == 1, f"publish {index} settled {results}"
         if results == [RETURNED]:
             assert ids[index] in returned
+
+
+def test_an_ack_that_arrives_inside_a_callback_settles_each_publish_once(channel, confirmer):
+    """Issue 19: on_ok drained frames (a synchronous basic_cancel) and a later multiple ack arrived."""
+    outcomes = Outcomes()
+    ok, fail = outcomes.callbacks(0)
+
+    def on_ok():
+        ok()
+        channel.ack(3, multiple=True)  # the broker's next confirm, read while the first is being settled
+
+    confirmer.publish(_message(), "ex", "rk", on_ok, fail)
+    for i in (1, 2):
+        _publish(confirmer, outcomes, i)
+    channel.ack(2, multiple=True)
+    assert outcomes.settled == {0: ["ok"], 1: ["ok"], 2: ["ok"]}
+    assert confirmer.pending == 0
+
+
+def test_a_callback_that_raises_is_logged_and_the_others_still_run(channel, confirmer, caplog):
+    outcomes = Outcomes()
+
+    def boom():
+        raise RuntimeError("hook failed")
+
+    confirmer.publish(_message("m7"), "ex", "rk7", boom, boom)
+    _publish(confirmer, outcomes, 1)
+    channel.ack(2, multiple=True)  # raises nothing into py-amqp
+    assert outcomes.settled == {1: ["ok"]}
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.exc_info[0] is RuntimeError
+    assert "publish 1 to 'ex'/'rk7' (message id 'm7')" in record.getMessage()
+
+
+def test_unknown_and_duplicate_tags_settle_nothing(channel, confirmer):
+    outcomes = Outcomes()
+    _publish(confirmer, outcomes, 0)
+    channel.ack(5)
+    channel.nack(0)
+    channel.ack(5, multiple=False)
+    assert outcomes.settled == {} and confirmer.pending == 1
+    channel.ack(1)
+    channel.nack(1)
+    assert outcomes.settled == {0: ["ok"]}
+
+
+def test_fail_all_inside_a_callback_fails_the_rest_once(channel, confirmer):
+    outcomes = Outcomes()
+    ok, fail = outcomes.callbacks(0)
+
+    def on_ok():
+        ok()
+        confirmer.fail_all("connection lost")
+
+    confirmer.publish(_message(), "ex", "rk", on_ok, fail)
+    for i in (1, 2):
+        _publish(confirmer, outcomes, i)
+    channel.ack(2, multiple=True)
+    assert outcomes.settled == {0: ["ok"], 1: ["ok"], 2: ["connection lost"]}
+    channel.ack(3)
+    assert outcomes.settled[2] == ["connection lost"] and confirmer.pending == 0
