@@ -275,7 +275,7 @@ class ServiceConsumer:
         """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
         try:
             logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
-        except Exception:  # noqa: S110 -- an exception whose repr raises must not stop the message
+        except Exception:
             pass
         self._on_message(route, message)
 

@@ -86,8 +86,8 @@ def check_runnable(fn: object, *, role: str, argument: str, parameter: str) -> N
 #: What calling a function of each kind returns instead of running its body, and what to do instead.
 _NOT_RUN: tuple[tuple[Callable[[object], bool], str, str], ...] = (
     (inspect.iscoroutinefunction, "an async def function",
-     "kombu-events cannot await it yet, so its body would never run; define it with def, "
-     "or run the coroutine with asyncio.run inside it"),
+     ("kombu-events cannot await it yet, so its body would never run; define it with def, "
+      "or run the coroutine with asyncio.run inside it")),
     (inspect.isasyncgenfunction, "an async generator function",
      "calling it only creates an async generator, so its body would never run; define it with def, without yield"),
     (inspect.isgeneratorfunction, "a generator function",
@@ -102,7 +102,7 @@ def _unrunnable(fn: Callable[..., Any]) -> str | None:
         target, via = target.func, "is a functools.partial of"
     candidates = [(target, via)]
     if not inspect.isroutine(target):  # an object (a class was refused before): what runs is its __call__
-        candidates.append((target.__call__, f"{via} an object whose __call__ is"))
+        candidates.append((type(target).__call__, f"{via} an object whose __call__ is"))
     for candidate, how in candidates:
         for test, kind, why in _NOT_RUN:
             if test(candidate):

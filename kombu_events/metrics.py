@@ -26,10 +26,10 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from . import decision, registry, signals
 from .depths import DepthTarget, depth_targets, read_depths
-from .waits import BrokerSilent, answer_within
 from .errors import UnroutableError
 from .metric_families import BUCKETS, CIRCUIT_STATES, Families
 from .middleware import Middleware
+from .waits import BrokerSilent, answer_within
 
 logger = logging.getLogger(__name__)
 

@@ -82,6 +82,6 @@ def test_channel_errors_are_retried_unless_the_app_chose(setup, expected):
     from kombu_events.bootstep import _retry_channel_errors
     app = Celery("t", set_as_current=False)
     setup(app)
-    app.conf.broker_url  # noqa: B018 -- the worker's app is configured by the time the step is built
+    app.conf.broker_url
     _retry_channel_errors(app)
     assert app.conf.broker_channel_error_retry is expected

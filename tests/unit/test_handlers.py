@@ -123,27 +123,27 @@ ASYNC_FIX = "kombu-events cannot await it yet.*define it with def, or run the co
     "fn, message",
     [
         (on_paid, rf"^handler {MOD}\.on_paid is an async def function: {ASYNC_FIX}$"),
-        (streams, rf"^handler {MOD}\.streams is an async generator function: calling it only creates "
-                  r"an async generator, so its body would never run; define it with def, without yield$"),
-        (generates, rf"^handler {MOD}\.generates is a generator function: calling it only creates a "
-                    r"generator, so its body would never run; define it without yield$"),
-        (functools.partial(on_paid), rf"^handler functools\.partial\({MOD}\.on_paid, \.\.\.\) is a "
-                                     rf"functools\.partial of an async def function: {ASYNC_FIX}$"),
-        (AsyncNotifier(), rf"^handler <{MOD}\.AsyncNotifier object> is an object whose __call__ is an "
-                          rf"async def function: {ASYNC_FIX}$"),
+        (streams, (rf"^handler {MOD}\.streams is an async generator function: calling it only creates "
+                  r"an async generator, so its body would never run; define it with def, without yield$")),
+        (generates, (rf"^handler {MOD}\.generates is a generator function: calling it only creates a "
+                    r"generator, so its body would never run; define it without yield$")),
+        (functools.partial(on_paid), (rf"^handler functools\.partial\({MOD}\.on_paid, \.\.\.\) is a "
+                                     rf"functools\.partial of an async def function: {ASYNC_FIX}$")),
+        (AsyncNotifier(), (rf"^handler <{MOD}\.AsyncNotifier object> is an object whose __call__ is an "
+                          rf"async def function: {ASYNC_FIX}$")),
         (AsyncNotifier().__call__, rf"^handler {MOD}\.AsyncNotifier\.__call__ is an async def function"),
         (mock.AsyncMock(), rf"is an async def function: {ASYNC_FIX}$"),
-        (Notifier, rf"^handler {MOD}\.Notifier is a class: calling it would only construct an instance "
-                   r".*register a function, or an instance whose __call__ takes the event's payload$"),
+        (Notifier, (rf"^handler {MOD}\.Notifier is a class: calling it would only construct an instance "
+                   r".*register a function, or an instance whose __call__ takes the event's payload$")),
         (None, r"^handler None is not callable: register a function that takes the event's payload"),
         ("on_paid", r"^handler 'on_paid' is not callable"),
-        (takes_nothing, rf"^handler {MOD}\.takes_nothing\(\) cannot be called with one positional "
+        (takes_nothing, (rf"^handler {MOD}\.takes_nothing\(\) cannot be called with one positional "
                         r"argument \(the event's payload\): every call would fail with TypeError; give it one "
-                        r"parameter for it, e\.g\. def takes_nothing\(payload\): \.\.\.$"),
+                        r"parameter for it, e\.g\. def takes_nothing\(payload\): \.\.\.$")),
         (takes_two, rf"^handler {MOD}\.takes_two\(payload, extra\) cannot be called with one positional"),
         (keyword_only, rf"^handler {MOD}\.keyword_only\(\*, payload\) cannot be called"),
-        (functools.partial(takes_two, 1, 2), rf"^handler functools\.partial\({MOD}\.takes_two, \.\.\.\)\(\) "
-                                             r"cannot be called.*e\.g\. def on_event\(payload\)"),
+        (functools.partial(takes_two, 1, 2), (rf"^handler functools\.partial\({MOD}\.takes_two, \.\.\.\)\(\) "
+                                             r"cannot be called.*e\.g\. def on_event\(payload\)")),
     ],
 )
 def test_check_runnable_refuses_what_the_worker_could_not_run(fn, message):
@@ -162,7 +162,7 @@ def positional_only(payload, /):
 @pytest.mark.parametrize(
     "fn",
     [lambda payload: None, with_default, positional_only, lambda *args, **kwargs: None, SyncNotifier(),
-     SyncNotifier().__call__, functools.partial(takes_two, 1), print, len, list().append, mock.Mock()],
+     SyncNotifier().__call__, functools.partial(takes_two, 1), print, len, [].append, mock.Mock()],
     ids=repr,
 )
 def test_check_runnable_accepts_what_takes_one_positional_argument(fn):

@@ -30,17 +30,16 @@ class Connection:  # kombu's Connection: .connection is py-amqp's
 
 def test_reads_inside_are_bounded_and_a_timeout_is_a_lost_connection():
     connection = Connection()
-    with pytest.raises(BrokerSilent, match=r"did not answer cancelling q within 3 s") as raised:
-        with answer_within(connection, 3, doing="cancelling q"):
-            raise socket.timeout("timed out")
+    with pytest.raises(BrokerSilent, match=r"did not answer cancelling q within 3 s") as raised, \
+            answer_within(connection, 3, doing="cancelling q"):
+        raise socket.timeout("timed out")
     assert connection.connection.transport.timeouts == [3]
     assert isinstance(raised.value, ConnectionError), "Celery's loop reconnects on a connection error"
 
 
 def test_other_errors_pass_unchanged():
-    with pytest.raises(KeyError):
-        with answer_within(Connection()):
-            raise KeyError("x")
+    with pytest.raises(KeyError), answer_within(Connection()):
+        raise KeyError("x")
 
 
 @pytest.mark.parametrize("connection", [None, object(), type("C", (), {"transport": Transport()})()])
