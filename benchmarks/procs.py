@@ -145,16 +145,7 @@ class Consumer:
         """Warm shutdown (SIGTERM, so the probe dumps its counters), then kill what is left."""
         if self.alive():
             self.resume()  # in case a failed run left it paused
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # orphaned pool processes, if any
-        except (ProcessLookupError, PermissionError):
-            pass
+        stop_group(self.proc, timeout, alive=self.alive())
         self.sampler.stop()
         self._log.close()
         if self in Consumer.running:
@@ -165,3 +156,18 @@ class Consumer:
         """Stop every consumer still running."""
         for consumer in list(cls.running):
             consumer.stop(timeout=10)
+
+
+def stop_group(proc: subprocess.Popen, timeout: float, *, alive: bool = True) -> None:
+    """SIGTERM ``proc`` (a process group leader) if ``alive``, SIGKILL it after ``timeout``; then its group."""
+    if alive:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # orphaned pool processes, if any
+    except (ProcessLookupError, PermissionError):
+        pass
