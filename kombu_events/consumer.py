@@ -71,8 +71,8 @@ class ServiceConsumer:
         self._loop_ident = threading.get_ident()
         self._mailbox: deque[Callable[[], Any]] = deque()
         self._wake: tuple[int, int] | None = None
-        #: How many of our callbacks are running on this thread (nested when a wait drains frames).
-        self._depth = 0
+        #: Whether the mailbox is being run (an item's wait on the broker may dispatch callbacks that queue more).
+        self._draining = False
         #: Without an event loop: Celery's consumer.call_soon, run between two reads of its blocking loop.
         self._celery_call_soon: Callable[[Callable[[], Any]], Any] | None = None
         self._drain_asked = False
@@ -200,8 +200,8 @@ class ServiceConsumer:
 
         With an event loop, ``fn`` goes to the mailbox and a byte on the wake pipe makes
         the hub drain it on its next turn -- outside any frame py-amqp is dispatching.
-        Without one (gevent, eventlet), it runs when the outermost callback of ours
-        returns, or at once if none is running.
+        Without one (gevent, eventlet), Celery's ``call_soon`` drains it between two reads
+        of its blocking loop. Before either is set up (nothing is consumed yet) it runs now.
         """
         self._mailbox.append(fn)
         if self._wake is not None:
@@ -213,7 +213,7 @@ class ServiceConsumer:
             if not self._drain_asked:
                 self._drain_asked = True
                 self._celery_call_soon(self._drain_mailbox)
-        elif self._depth == 0:
+        else:
             self._drain_mailbox()  # no loop at all (not started yet, or a test): nothing else would run it
 
     def _check_channels(self) -> None:
@@ -262,14 +262,11 @@ class ServiceConsumer:
 
     def _on_message(self, route: Route, message: Any) -> None:
         """kombu callback on the event loop: nothing a publisher sends may raise out of here."""
-        self._depth += 1
         try:
             self._receive(route, message)
         except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
                              _message_id(message), route.handler.queue)
-        finally:
-            self._depth -= 1
 
     def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
         """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
@@ -311,10 +308,10 @@ class ServiceConsumer:
 
     def _drain_mailbox(self, *_: Any) -> None:
         """Run what was queued for the loop, one by one; what they queue in turn runs in this same pass."""
-        if self._depth:
-            return  # inside one of our callbacks (or already draining): the outermost pass runs it
+        if self._draining:
+            return  # an item of this pass is waiting on the broker: the pass runs what was queued meanwhile
         self._drain_asked = False
-        self._depth += 1
+        self._draining = True
         try:
             try:
                 while self._wake is not None and os.read(self._wake[0], 4096):
@@ -331,12 +328,11 @@ class ServiceConsumer:
                     logger.exception("kombu-events: %s, queued for the event loop of service %s, failed; skipped",
                                      getattr(fn, "__qualname__", fn), self.settings.service)
         finally:
-            self._depth -= 1
+            self._draining = False
 
     # -- carrying out the plan -----------------------------------------------------------------
 
     def _settle(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
-        self._depth += 1
         try:
             outcome = result if isinstance(result, decision.Outcome) else \
                 decision.lost(result, traceback_limit=self.settings.traceback_limit)
@@ -346,8 +342,6 @@ class ServiceConsumer:
         except Exception:  # never let one message break the event loop; it stays unacked
             logger.exception("kombu-events: could not settle message %r from %s; left unacked",
                              delivery.message_id, delivery.queue)
-        finally:
-            self._depth -= 1
 
     def _execute(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome,
                  step: Step) -> None:
@@ -356,19 +350,11 @@ class ServiceConsumer:
             confirmer = self._confirmer
             if confirmer is None:
                 return  # channels are gone: the original is redelivered
-            def on_ok() -> None:  # both called by the Confirmer, from inside py-amqp's frame dispatch
-                self._depth += 1
-                try:
-                    self._ack(route, delivery, message, outcome, step)
-                finally:
-                    self._depth -= 1
+            # Both called by the Confirmer (which logs what they raise), inside py-amqp's frame dispatch.
+            on_ok = partial(self._ack, route, delivery, message, outcome, step)
 
             def on_fail(why: str) -> None:
-                self._depth += 1
-                try:
-                    self._execute(route, delivery, message, outcome, step.if_refused(why))
-                finally:
-                    self._depth -= 1
+                self._execute(route, delivery, message, outcome, step.if_refused(why))
 
             try:
                 confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,
