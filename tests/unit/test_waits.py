@@ -72,3 +72,21 @@ def test_a_timer_that_finds_the_broker_silent_is_not_swallowed():
     control.call_soon_threadsafe(read)
     with pytest.raises(BrokerSilent):
         control._consuming.queued()
+
+
+def _consumer(*open_states, started=True):
+    from types import SimpleNamespace
+    return SimpleNamespace(_started=started, settings=SimpleNamespace(service="svc"),
+                           _channels=[SimpleNamespace(is_open=state) for state in open_states])
+
+
+def test_a_channel_the_broker_closed_makes_celery_reconnect():
+    from kombu_events.consumer import ServiceConsumer
+    with pytest.raises(ConnectionError, match="a channel of service svc was closed by the broker"):
+        ServiceConsumer._check_channels(_consumer(True, False))
+
+
+@pytest.mark.parametrize("consumer", [_consumer(True, True), _consumer(False, started=False), _consumer()])
+def test_open_channels_or_a_stopped_step_raise_nothing(consumer):
+    from kombu_events.consumer import ServiceConsumer
+    ServiceConsumer._check_channels(consumer)
