@@ -270,10 +270,7 @@ class ServiceConsumer:
 
     def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
         """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
-        try:
-            logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
-        except Exception:
-            pass
+        logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
         self._on_message(route, message)
 
     def _receive(self, route: Route, message: Any) -> None:

@@ -182,14 +182,15 @@ class Control:
 
 
 def _guarded(fn: Callable[[], Any]) -> Callable[[], None]:
-    """``fn`` with its exceptions logged: a failing timer must not stop the event loop."""
+    """``fn`` with its exceptions logged: a failing timer or queued callable must not stop the event loop."""
     def call() -> None:
         try:
             fn()
         except BrokerSilent:
             raise  # the connection is lost: Celery's loop reconnects (see kombu_events.waits)
         except Exception:
-            logger.exception("kombu-events: timer %s failed; skipped", getattr(fn, "__qualname__", fn))
+            logger.exception("kombu-events: %s, run on the event loop, failed; skipped",
+                             getattr(fn, "__qualname__", fn))
     return call
 
 
