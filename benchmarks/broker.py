@@ -10,8 +10,8 @@ from amqp.exceptions import NotFound
 from kombu import Connection, Exchange, Queue
 from kombu.serialization import dumps
 
-from kombu_events.declare import declare
-from kombu_events.publisher import Publisher, build_message
+from kombu_events.broker.declare import declare
+from kombu_events.publishing.publisher import Publisher, build_message
 
 CHUNK = 1000  # messages per pipelined publish_many call while filling queues
 

@@ -20,8 +20,8 @@ from kombu import Connection
 from benchmarks import broker
 from benchmarks.__main__ import DEFAULT_URL
 from benchmarks.scenarios import Context, _Service
-from kombu_events import ladder, names
-from kombu_events.publisher import build_message
+from kombu_events.core import ladder, names
+from kombu_events.publishing.publisher import build_message
 
 
 def _broker_cpu_s(pid: str) -> float:

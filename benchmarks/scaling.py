@@ -36,7 +36,7 @@ from benchmarks import broker
 from benchmarks.apps.events_app import build, make_app, routing_key
 from benchmarks.procs import Consumer
 from kombu_events import Events
-from kombu_events.declare import declare
+from kombu_events.broker.declare import declare
 from kombu_events.testing import temporary_vhost
 
 ROOT = Path(__file__).resolve().parent.parent

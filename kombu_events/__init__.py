@@ -3,12 +3,14 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-from .backlog import Backlog
-from .backoff import Constant, Exponential
-from .circuit import CircuitBreaker
-from .decision import Outcome
-from .delivery import Delivery
+from .core.backoff import Constant, Exponential
+from .core.circuit import CircuitBreaker
+from .core.decision import Outcome
+from .core.delivery import Delivery
+from .core.event import Event
+from .core.health import Degraded, Healthy, Unhealthy
 from .errors import (
+    Archive,
     BacklogError,
     BacklogFullError,
     BrokerUnavailableError,
@@ -19,17 +21,18 @@ from .errors import (
     EncodeError,
     HeaderError,
     KombuEventsError,
+    Poisoned,
     PublishError,
+    Retry,
     TopologyConflictError,
     UnroutableError,
+    poisonous,
 )
-from .event import Event
 from .events import Events
-from .failures import Archive, Poisoned, Retry, poisonous
-from .health import Degraded, Healthy, Unhealthy
-from .middleware import Middleware
-from .parking import Published
-from .probes import PublisherCheck
+from .middleware.base import Middleware
+from .publishing.backlog import Backlog
+from .publishing.backlog_policy import Published
+from .publishing.checks import PublisherCheck
 
 __all__ = [
     "Events", "Event", "Retry", "Archive", "Poisoned", "poisonous", "Exponential", "Constant",

@@ -17,21 +17,23 @@ import click
 from amqp.exceptions import NotFound
 from kombu import Connection
 
-from . import archive as archive_ops, migrate as migrate_ops, registry, wire_guard
-from .backlog import Backlog
-from .config import Settings, broker_url
-from .declare import declare as declare_topology
+from . import registry
+from .broker import lenient_amqp as wire_guard
+from .broker.declare import declare as declare_topology
+from .core.config import Settings, broker_url
+from .core.logs import safe_text, safe_url
+from .core.schedule import summary
+from .core.topology import build_topology
 from .errors import BrokerUnavailableError, KombuEventsError
-from .guard import Guard
-from .logs import safe_text, safe_url
-from .outbox import Outbox
-from .periodic import now_ms, peek_state
-from .probes import broker_check
-from .publisher import Publisher, addressed, build_message
-from .schedule import summary
-from .service_health import missing_exchanges, problems
-from .status import PAUSED, gather
-from .topology import build_topology
+from .ops import archive as archive_ops, migrate as migrate_ops
+from .ops.health import missing_exchanges, problems
+from .ops.status import PAUSED, gather
+from .periodic.runner import now_ms, peek_state
+from .publishing.backlog import Backlog
+from .publishing.buffered import Outbox
+from .publishing.checks import broker_check
+from .publishing.circuits import Guard
+from .publishing.publisher import Publisher, addressed, build_message
 
 logger = logging.getLogger(__name__)
 

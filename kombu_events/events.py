@@ -13,18 +13,14 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Literal, Mapping, TypeVar
 
-from . import django_connections, names, registry, signals
-from .backlog import Backlog, open_backlog
-from .backoff import Backoff
-from .bootstep import install
-from .breakers import Breakers
-from .circuit import CircuitBreaker
-from .codec import accept_set
-from .config import Settings, broker_url, check_setting_names, resolve_settings
-from .declare import declare_queue
-from .errors import ConfigurationError, KombuEventsError
-from .guard import Guard, publisher_policy
-from .handlers import (
+from . import registry, signals
+from .broker.declare import declare_queue
+from .core import names
+from .core.backoff import Backoff
+from .core.circuit import CircuitBreaker
+from .core.codec import accept_set
+from .core.config import Settings, broker_url, check_setting_names, resolve_settings
+from .core.handlers import (
     Handler,
     check_prefetch,
     check_runnable,
@@ -32,16 +28,22 @@ from .handlers import (
     exception_classes,
     validate_binding_key,
 )
-from .health import HealthCheck
-from .middleware import Hooks, Middleware
-from .outbox import STORED, Outbox
-from .parking import Published
-from .periodic import ScheduleRunner, Seeder, StateStore
-from .probes import PublisherCheck, as_check, broker_check
-from .publisher import Publisher, addressed, build_message
+from .core.health import HealthCheck
+from .core.schedule import Schedule, make_schedule
+from .core.topology import Topology, build_topology
+from .errors import ConfigurationError, KombuEventsError
+from .middleware import django_connections
+from .middleware.base import Hooks, Middleware
+from .middleware.breakers import Breakers
+from .periodic.runner import ScheduleRunner, Seeder, StateStore
+from .publishing.backlog import Backlog, open_backlog
+from .publishing.backlog_policy import Published
+from .publishing.buffered import STORED, Outbox
+from .publishing.checks import PublisherCheck, as_check, broker_check
+from .publishing.circuits import Guard, publisher_policy
+from .publishing.publisher import Publisher, addressed, build_message
 from .registry import Route
-from .schedule import Schedule, make_schedule
-from .topology import Topology, build_topology
+from .worker.bootstep import install
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class Events:
     unique per consuming service: two services bound to the same key each get
     every event, two workers of one service share them.
 
-    ``backlog`` (a file path, or a :class:`~kombu_events.backlog.Backlog`) keeps events
+    ``backlog`` (a file path, or a :class:`~kombu_events.publishing.backlog.Backlog`) keeps events
     that cannot be published while the broker is away and publishes them, in order,
     once it is back; ``health_checks`` and ``publisher_circuit`` tune when publishing
     goes to the backlog (see docs/publishing.md). Without ``backlog``, nothing changes.
@@ -315,10 +317,10 @@ class Events:
 
     @property
     def hooks(self) -> Hooks:
-        """The service's middleware, grouped by hook (see :mod:`kombu_events.middleware`).
+        """The service's middleware, grouped by hook (see :mod:`kombu_events.middleware.base`).
 
-        With periodic schedules, their :class:`~kombu_events.periodic.Seeder` comes after the
-        user's; with circuit breakers, their :class:`~kombu_events.breakers.Breakers` comes last.
+        With periodic schedules, their :class:`~kombu_events.periodic.runner.Seeder` comes after the
+        user's; with circuit breakers, their :class:`~kombu_events.middleware.breakers.Breakers` comes last.
         """
         if self._hooks is None:
             guarded = [h for h in self.handlers if h.circuit_breaker is not None]
@@ -335,7 +337,7 @@ class Events:
     def prefetch_count(self) -> int:
         """Messages in flight per handler queue and worker, unless a handler sets its own ``prefetch``:
         the ``prefetch_count`` setting, else 100, lowered for services of many queues (see
-        :func:`~kombu_events.config.auto_prefetch`)."""
+        :func:`~kombu_events.core.config.auto_prefetch`)."""
         return self.settings.prefetch_per_queue(len(self.handlers))
 
     def routes(self) -> list[Route]:

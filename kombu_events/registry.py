@@ -13,8 +13,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .handlers import Handler
-from .middleware import Hooks
+from .core.handlers import Handler
+from .middleware.base import Hooks
 
 logger = logging.getLogger(__name__)
 

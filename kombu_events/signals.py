@@ -51,9 +51,9 @@ handler_started: TypedSignal = Signal(name="handler_started", providing_args={"e
 handler_succeeded: TypedSignal = Signal(name="handler_succeeded", providing_args={"event", "duration_ms"})
 
 #: Pool side, after a handler raised. Adds ``exception`` (the exception object), ``traceback``
-#: (its traceback object), ``duration_ms``, ``outcome`` (the :class:`~kombu_events.decision.Outcome`
+#: (its traceback object), ``duration_ms``, ``outcome`` (the :class:`~kombu_events.core.decision.Outcome`
 #: the attempt ended with) and ``action``: ``retry`` or ``archive``, what the worker will most likely
-#: do with the message (:func:`~kombu_events.decision.likely_action`; ``message_settled`` tells what it did).
+#: do with the message (:func:`~kombu_events.core.decision.likely_action`; ``message_settled`` tells what it did).
 handler_failed: TypedSignal = Signal(name="handler_failed",
                                      providing_args={"event", "exception", "traceback", "duration_ms", "outcome",
                                                      "action"})
@@ -61,7 +61,7 @@ handler_failed: TypedSignal = Signal(name="handler_failed",
 #: Main process, once a message is settled. sender: the handler function. Arguments: ``queue``,
 #: ``routing_key``, ``message_id``, ``attempt``, ``action`` (ack, retry, requeue, archive or
 #: held), ``delay_ms`` (retry and requeue), ``reason``, ``handler_duration_ms`` (0 if the handler
-#: did not run), ``outcome`` (the :class:`~kombu_events.decision.Outcome`).
+#: did not run), ``outcome`` (the :class:`~kombu_events.core.decision.Outcome`).
 message_settled: TypedSignal = Signal(name="message_settled", providing_args={
     "queue", "routing_key", "message_id", "attempt", "action", "delay_ms", "reason", "handler_duration_ms",
     "outcome"})

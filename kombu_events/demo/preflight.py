@@ -7,7 +7,7 @@ import logging
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from kombu_events.logs import safe_text, safe_url
+from kombu_events.core.logs import safe_text, safe_url
 
 logger = logging.getLogger(__name__)
 

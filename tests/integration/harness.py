@@ -105,7 +105,7 @@ class Project:
         """Declare the topology of the project's ``events`` without starting a worker."""
         result = self.run_python(f"""
             from kombu import Connection
-            from kombu_events.declare import declare
+            from kombu_events.broker.declare import declare
             from {self.module} import events
             with Connection(events.broker_url) as conn:
                 declare(events.topology(), conn)

@@ -21,7 +21,7 @@ import pytest
 from celery import Celery
 
 from kombu_events import Backlog, Events
-from kombu_events.circuit import CircuitBreaker
+from kombu_events.core.circuit import CircuitBreaker
 
 from .harness import ROOT, unique, wait_for
 
@@ -34,7 +34,7 @@ PUBLISHER = '''
 import json, sys, time
 from celery import Celery
 from kombu_events import Backlog, Events
-from kombu_events.circuit import CircuitBreaker
+from kombu_events.core.circuit import CircuitBreaker
 
 url, path, exchange, prefix, count, batch, start_at, stay, chunk = sys.argv[1:]
 app = Celery("p" + prefix, broker=url)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kombu_events.errors import KombuEventsError
-from kombu_events.publisher import Publisher, build_message
+from kombu_events.publishing.publisher import Publisher, build_message
 
 from .harness import Project, unique, wait_for
 from .private_broker import PrivateBroker

@@ -12,7 +12,7 @@ import time
 import pytest
 from kombu import Connection
 
-from kombu_events.publisher import Publisher, build_message
+from kombu_events.publishing.publisher import Publisher, build_message
 
 from .harness import Project, unique, wait_for
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.integration
 
 SEAM = """
 from kombu_events import Middleware, Outcome, signals
-from kombu_events.decision import DEFERRED
+from kombu_events.core.decision import DEFERRED
 
 class Recorder(Middleware):
     def __init__(self):

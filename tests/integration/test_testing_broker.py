@@ -10,7 +10,7 @@ import amqp
 import pytest
 from kombu import Connection
 
-from kombu_events import topic
+from kombu_events.core import topic
 from kombu_events.testing import temporary_vhost
 
 from .harness import _management

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from kombu_events import headers as wire
+from kombu_events.core import headers as wire
 
 from .harness import get_messages, publish_amqp, wait_for
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 PROJECT = """
 from kombu_events import headers as wire
-from kombu_events.plan import Republish
+from kombu_events.core.settlement import Republish
 
 VIA = os.environ.get("PARITY_VIA", "worker")
 

@@ -29,7 +29,7 @@ from kombu_events import (
     poisonous,
     signals,
 )
-from kombu_events.plan import Step
+from kombu_events.core.settlement import Step
 from kombu_events.testing import StubEvents
 
 

@@ -8,9 +8,9 @@ import threading
 import pytest
 
 from kombu_events import Backlog, BacklogError, BacklogFullError, BrokerUnavailableError
-from kombu_events.backlog import decode_properties, encode_properties, open_backlog
 from kombu_events.errors import ConfigurationError, EncodeError
-from kombu_events.publisher import build_message
+from kombu_events.publishing.backlog import decode_properties, encode_properties, open_backlog
+from kombu_events.publishing.publisher import build_message
 
 
 def item(n: int, **kwargs):

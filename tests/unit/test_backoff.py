@@ -7,7 +7,7 @@ import re
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kombu_events.backoff import Backoff, Constant, Exponential
+from kombu_events.core.backoff import Backoff, Constant, Exponential
 from kombu_events.errors import ConfigurationError
 
 PROPS = settings(max_examples=300, deadline=None)

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import celery
 import pytest
 
-from kombu_events.bootstep import EventsStep
+from kombu_events.worker.bootstep import EventsStep
 
-LOGGER = "kombu_events.bootstep"
+LOGGER = "kombu_events.worker.bootstep"
 
 
 class Consumer:
@@ -79,7 +79,7 @@ class _Settings:
 def test_channel_errors_are_retried_unless_the_app_chose(setup, expected):
     from celery import Celery
 
-    from kombu_events.bootstep import _retry_channel_errors
+    from kombu_events.worker.bootstep import _retry_channel_errors
     app = Celery("t", set_as_current=False)
     setup(app)
     app.conf.broker_url

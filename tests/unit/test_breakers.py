@@ -7,19 +7,37 @@ from typing import Any
 
 import pytest
 
-from kombu_events import CircuitBreaker, ConfigurationError, Degraded, Exponential, Healthy, Unhealthy, signals
-from kombu_events.breakers import Breakers
-from kombu_events.circuit import CLOSED, HALF_OPEN, OPEN
-from kombu_events.config import Settings
-from kombu_events.control import Control
-from kombu_events.decision import ARCHIVE, DEFERRED, FAILED, LOST, OK, REDELIVERED, RETRY, UNDECODABLE, Outcome
-from kombu_events.delivery import Delivery, read_delivery
-from kombu_events.handlers import Handler
-from kombu_events.health import HealthCheck
-from kombu_events.plan import ACK, Republish, plan
-from kombu_events.topology import build_topology
+from kombu_events import (
+    CircuitBreaker,
+    ConfigurationError,
+    Degraded,
+    Exponential,
+    Healthy,
+    Unhealthy,
+    signals,
+)
+from kombu_events.core.circuit import CLOSED, HALF_OPEN, OPEN
+from kombu_events.core.config import Settings
+from kombu_events.core.decision import (
+    ARCHIVE,
+    DEFERRED,
+    FAILED,
+    LOST,
+    OK,
+    REDELIVERED,
+    RETRY,
+    UNDECODABLE,
+    Outcome,
+)
+from kombu_events.core.delivery import Delivery, read_delivery
+from kombu_events.core.handlers import Handler
+from kombu_events.core.health import HealthCheck
+from kombu_events.core.settlement import ACK, Republish, plan
+from kombu_events.core.topology import build_topology
+from kombu_events.middleware.breakers import Breakers
+from kombu_events.middleware.control import Control
 
-LOGGER = "kombu_events.breakers"
+LOGGER = "kombu_events.middleware.breakers"
 POLICY = CircuitBreaker(max_failures=3, window_s=10, reset_s=30, max_reset_s=600)
 
 
@@ -621,7 +639,7 @@ def test_a_health_check_thread_that_cannot_start_is_logged_and_the_next_request_
         world.threads.append((body, name))
 
     run._spawn = spawn
-    with caplog.at_level(logging.ERROR, logger="kombu_events.health_runs"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health_checks"):
         run.request()
     assert not run.running and world.threads == []
     assert "health check checked_world.<locals>.db could not be started" in caplog.text
@@ -638,7 +656,7 @@ def test_a_result_that_cannot_reach_the_event_loop_is_logged_and_the_next_run_ma
 
     world.consuming.call_soon_threadsafe = closed  # type: ignore[method-assign]
     run.request()
-    with caplog.at_level(logging.ERROR, logger="kombu_events.health_runs"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health_checks"):
         world.finish_threads()  # the thread's body: must not raise
     assert not run.running and run.last is None
     assert "its result Healthy() could not be posted to the event loop" in caplog.text
@@ -649,7 +667,7 @@ def test_a_result_the_breakers_fail_to_act_on_is_logged_with_its_check(caplog):
     [run] = world.breakers.runs
     run.report = lambda run, health: 1 / 0
     run.request()
-    with caplog.at_level(logging.ERROR, logger="kombu_events.health_runs"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health_checks"):
         world.finish_threads()
     assert run.last == Unhealthy("refused") and not run.running
     assert "health check checked_world.<locals>.db: acting on its result Unhealthy('refused') failed" in caplog.text

@@ -5,7 +5,16 @@ import pytest
 from hypothesis import given, strategies as st
 
 from kombu_events import ConfigurationError
-from kombu_events.circuit import CLOSED, DEGRADED, HALF_OPEN, HEALTHY, OPEN, UNHEALTHY, Breaker, CircuitBreaker
+from kombu_events.core.circuit import (
+    CLOSED,
+    DEGRADED,
+    HALF_OPEN,
+    HEALTHY,
+    OPEN,
+    UNHEALTHY,
+    Breaker,
+    CircuitBreaker,
+)
 
 
 def tripped(policy: CircuitBreaker | None = None, now: float = 0.0) -> Breaker:

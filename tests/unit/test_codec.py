@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from kombu_events.codec import JSON, accept_set, decode
+from kombu_events.core.codec import JSON, accept_set, decode
 from kombu_events.errors import ConfigurationError, DecodeError
 
 PICKLE = "application/x-python-serialize"
@@ -30,7 +30,7 @@ def test_json(body, content_type, expected):
 
 
 def test_json_fast_path_does_not_go_through_kombu(mocker):
-    loads = mocker.patch("kombu_events.codec.loads")
+    loads = mocker.patch("kombu_events.core.codec.loads")
     assert decode(b"{}", JSON, None, JSON_ONLY) == {}
     loads.assert_not_called()
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import celery
 import pytest
 
-from kombu_events.backoff import Constant, Exponential
-from kombu_events.config import ENV, Settings, auto_prefetch, broker_url, resolve_settings
+from kombu_events.core.backoff import Constant, Exponential
+from kombu_events.core.config import ENV, Settings, auto_prefetch, broker_url, resolve_settings
 from kombu_events.errors import ConfigurationError
 
 
@@ -245,7 +245,7 @@ def test_django_connections_is_read_from_celery_conf():
 
 
 def test_metrics_settings_default_to_no_endpoint_on_loopback():
-    from kombu_events.config import MetricsSettings, resolve_metrics_settings
+    from kombu_events.core.config import MetricsSettings, resolve_metrics_settings
 
     assert resolve_metrics_settings(None) == MetricsSettings(port=None, host="127.0.0.1", liveness_s=10.0)
     conf = {"kombu_events_metrics_port": 9100, "kombu_events_metrics_host": "0.0.0.0",
@@ -264,7 +264,7 @@ def test_metrics_settings_default_to_no_endpoint_on_loopback():
     ({"kombu_events_metrics_liveness_s": True}, "kombu_events_metrics_liveness_s must be a number"),
 ])
 def test_invalid_metrics_settings_name_the_setting_and_what_is_valid(conf, message):
-    from kombu_events.config import resolve_metrics_settings
+    from kombu_events.core.config import resolve_metrics_settings
 
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         resolve_metrics_settings(conf)

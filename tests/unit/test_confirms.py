@@ -7,7 +7,7 @@ import pytest
 from amqp import Message, spec
 from hypothesis import given, settings, strategies as st
 
-from kombu_events.confirms import NACKED, RETURNED, Confirmer
+from kombu_events.broker.confirms import NACKED, RETURNED, Confirmer
 
 
 class FakeChannel:

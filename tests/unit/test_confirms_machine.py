@@ -21,7 +21,7 @@ from amqp import Message, spec
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from kombu_events.confirms import NACKED, RETURNED, Confirmer
+from kombu_events.broker.confirms import NACKED, RETURNED, Confirmer
 from kombu_events.errors import PublishError
 
 LOST = "channel lost"
@@ -64,7 +64,7 @@ class FakeChannel:
 
 
 class Records(logging.Handler):
-    """Error records of kombu_events.confirms (a guarded callback that raised)."""
+    """Error records of kombu_events.broker.confirms (a guarded callback that raised)."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
@@ -112,10 +112,10 @@ class ConfirmsMachine(RuleBasedStateMachine):
         self.raised = 0
         self.violations: list[str] = []  # found inside callbacks, where an assert would be swallowed
         self.log = Records()
-        logging.getLogger("kombu_events.confirms").addHandler(self.log)
+        logging.getLogger("kombu_events.broker.confirms").addHandler(self.log)
 
     def teardown(self) -> None:
-        logging.getLogger("kombu_events.confirms").removeHandler(self.log)
+        logging.getLogger("kombu_events.broker.confirms").removeHandler(self.log)
 
     # -- the model ------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from kombu_events import Middleware
-from kombu_events.control import Control
-from kombu_events.middleware import Hooks
+from kombu_events.middleware.base import Hooks
+from kombu_events.middleware.control import Control
 
 
 class Consuming:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kombu_events.backoff import Constant, Exponential
-from kombu_events.decision import (
+from kombu_events.core.backoff import Constant, Exponential
+from kombu_events.core.decision import (
     ARCHIVE,
     FAILED,
     LOST,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from amqp.exceptions import PreconditionFailed
 
-from kombu_events.declare import conflict_error
+from kombu_events.broker.declare import conflict_error
 
 
 def refused(text: str) -> PreconditionFailed:

@@ -4,10 +4,11 @@ from __future__ import annotations
 import celery
 import pytest
 
-from kombu_events import ConfigurationError, DelayTooLongError, Events, headers as wire
-from kombu_events.publisher import addressed, build_message
+from kombu_events import ConfigurationError, DelayTooLongError, Events
+from kombu_events.core import headers as wire
+from kombu_events.core.topology import build_topology
+from kombu_events.publishing.publisher import addressed, build_message
 from kombu_events.testing import StubEvents
-from kombu_events.topology import build_topology
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from kombu_events import ladder
-from kombu_events.config import Settings
-from kombu_events.topology import Topology, build_topology
+from kombu_events.core import ladder
+from kombu_events.core.config import Settings
+from kombu_events.core.topology import Topology, build_topology
 
 from .test_ladder_routing import FakeBroker, _handler
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_events import headers as wire
-from kombu_events.codec import JSON
-from kombu_events.delivery import UNREADABLE, Delivery, read_delivery
+from kombu_events.core import headers as wire
+from kombu_events.core.codec import JSON
+from kombu_events.core.delivery import UNREADABLE, Delivery, read_delivery
 
 QUEUE = "billing.audit"
 EVENT_KEY = "orders.7.created"

@@ -7,9 +7,9 @@ import celery
 import pytest
 
 from kombu_events import Events
-from kombu_events.django_connections import DjangoConnections, middleware_for
-from kombu_events.event import Event
-from kombu_events.middleware import Hooks
+from kombu_events.core.event import Event
+from kombu_events.middleware.base import Hooks
+from kombu_events.middleware.django_connections import DjangoConnections, middleware_for
 
 EVENT = Event({}, "orders.1", "billing.charge", 1)
 

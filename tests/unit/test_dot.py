@@ -6,11 +6,11 @@ import re
 import pytest
 from kombu import Exchange, Queue, binding
 
-from kombu_events.backoff import Exponential
-from kombu_events.config import Settings
-from kombu_events.dot import to_dot
-from kombu_events.handlers import Handler
-from kombu_events.topology import Topology, build_topology
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.config import Settings
+from kombu_events.core.handlers import Handler
+from kombu_events.core.topology import Topology, build_topology
+from kombu_events.ops.dot import to_dot
 
 
 def _handler(queue: str, *keys: str) -> Handler:

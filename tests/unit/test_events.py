@@ -5,11 +5,11 @@ import celery
 import pytest
 
 from kombu_events import Events, registry
-from kombu_events.backoff import Constant, Exponential
-from kombu_events.bootstep import OPTION, EventsStep
+from kombu_events.core.backoff import Constant, Exponential
 from kombu_events.errors import ConfigurationError, UnroutableError
-from kombu_events.publisher import Publisher
+from kombu_events.publishing.publisher import Publisher
 from kombu_events.testing import StubEvents
+from kombu_events.worker.bootstep import OPTION, EventsStep
 
 
 @pytest.fixture

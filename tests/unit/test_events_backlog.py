@@ -17,11 +17,11 @@ from kombu_events import (
     UnroutableError,
     signals,
 )
-from kombu_events.backlog import Backlog
-from kombu_events.circuit import CircuitBreaker
 from kombu_events.cli import cli
+from kombu_events.core.circuit import CircuitBreaker
 from kombu_events.errors import ConfigurationError
-from kombu_events.publisher import Publisher, build_message
+from kombu_events.publishing.backlog import Backlog
+from kombu_events.publishing.publisher import Publisher, build_message
 
 
 class Broker(Publisher):

@@ -9,15 +9,17 @@ import pytest
 from prometheus_client import CollectorRegistry, values
 from prometheus_client.parser import text_string_to_metric_families
 
-from kombu_events import Events, bootstep, exporter
-from kombu_events.config import MetricsSettings
-from kombu_events.decision import OK, Outcome
-from kombu_events.delivery import Delivery
+from kombu_events import Events
+from kombu_events.core.config import MetricsSettings
+from kombu_events.core.decision import OK, Outcome
+from kombu_events.core.delivery import Delivery
+from kombu_events.core.settlement import ACK
 from kombu_events.errors import ConfigurationError
-from kombu_events.liveness import Liveness
-from kombu_events.metrics import PrometheusMetrics
-from kombu_events.plan import ACK
-from kombu_events.stub import StubEvents
+from kombu_events.integrations import exporter
+from kombu_events.integrations.liveness import Liveness
+from kombu_events.integrations.metrics import PrometheusMetrics
+from kombu_events.testing.stub import StubEvents
+from kombu_events.worker import bootstep
 
 
 class Clock:
@@ -203,7 +205,7 @@ class Broken:
 def test_a_scrape_that_fails_answers_500_and_is_logged_with_its_path(caplog):
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Broken())
-    with caplog.at_level(logging.ERROR, logger="kombu_events.exporter"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.integrations.exporter"):
         status, _headers, body = get(exporter.make_app(registry, Liveness()), "/metrics")
     assert status == "500 Internal Server Error" and body == b"serving /metrics failed: see the worker's log\n"
     (record,) = caplog.records

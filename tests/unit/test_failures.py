@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kombu_events import ladder
-from kombu_events.backoff import Exponential
-from kombu_events.decision import RETRY, Outcome, decide
-from kombu_events.failures import Archive, Poisoned, Retry, poisonous
+from kombu_events.core import ladder
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.decision import RETRY, Outcome, decide
+from kombu_events.errors import Archive, Poisoned, Retry, poisonous
 
 
 @pytest.mark.parametrize("exc", [Retry(3), Retry(), Archive("gone"), Poisoned("already")])

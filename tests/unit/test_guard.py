@@ -3,11 +3,26 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_events.circuit import CLOSED, DEGRADED, HALF_OPEN, HEALTHY, OPEN, UNHEALTHY, CircuitBreaker
+from kombu_events.core.circuit import (
+    CLOSED,
+    DEGRADED,
+    HALF_OPEN,
+    HEALTHY,
+    OPEN,
+    UNHEALTHY,
+    CircuitBreaker,
+)
+from kombu_events.core.health import Degraded, Healthy, Unhealthy
 from kombu_events.errors import ConfigurationError
-from kombu_events.guard import PUBLISHER_CIRCUIT, Guard, publisher_policy
-from kombu_events.health import Degraded, Healthy, Unhealthy
-from kombu_events.probes import BROKER, BrokerAnswers, PublisherCheck, as_check, broker_check, run_check
+from kombu_events.publishing.checks import (
+    BROKER,
+    BrokerAnswers,
+    PublisherCheck,
+    as_check,
+    broker_check,
+    run_check,
+)
+from kombu_events.publishing.circuits import PUBLISHER_CIRCUIT, Guard, publisher_policy
 
 
 def Check(name: str = BROKER, interval_s: float | None = None, result: object = Healthy,

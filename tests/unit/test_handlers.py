@@ -9,9 +9,14 @@ from unittest import mock
 
 import pytest
 
+from kombu_events.core.event import Event
+from kombu_events.core.handlers import (
+    check_prefetch,
+    check_runnable,
+    exception_classes,
+    validate_binding_key,
+)
 from kombu_events.errors import ConfigurationError
-from kombu_events.event import Event
-from kombu_events.handlers import check_prefetch, check_runnable, exception_classes, validate_binding_key
 
 
 @pytest.mark.parametrize("key", ["orders.*.created", "orders.#", "#", "*", "a", "a.b.c", "k" * 255])

@@ -5,7 +5,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kombu_events import headers as wire
+from kombu_events.core import headers as wire
 from kombu_events.errors import HeaderError
 
 QUEUE = "billing.audit"

@@ -5,9 +5,9 @@ import pytest
 from celery import Celery
 
 from kombu_events import CircuitBreaker, ConfigurationError, Degraded, Events, Healthy, Unhealthy
-from kombu_events.breakers import Breakers
-from kombu_events.config import resolve_settings
-from kombu_events.health import Health, HealthCheck, check
+from kombu_events.core.config import resolve_settings
+from kombu_events.core.health import Health, HealthCheck, check
+from kombu_events.middleware.breakers import Breakers
 
 
 def fine():

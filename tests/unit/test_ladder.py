@@ -6,8 +6,8 @@ import math
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from kombu_events import ladder, names
-from kombu_events.config import Settings
+from kombu_events.core import ladder, names
+from kombu_events.core.config import Settings
 from kombu_events.errors import ConfigurationError, DelayTooLongError
 
 PROPS = settings(max_examples=300, deadline=None)

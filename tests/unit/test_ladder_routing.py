@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from kombu import Exchange, Queue, binding
 
-from kombu_events import ladder, names
-from kombu_events.backoff import Exponential
-from kombu_events.broker_model import BrokerModel, Landing, Lost
-from kombu_events.config import Settings
+from kombu_events.core import ladder, names
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.config import Settings
+from kombu_events.core.handlers import Handler
+from kombu_events.core.topology import ExchangeBinding, Topology, build_topology
 from kombu_events.errors import ConfigurationError, TopologyConflictError
-from kombu_events.handlers import Handler
-from kombu_events.topology import ExchangeBinding, Topology, build_topology
+from kombu_events.testing.broker_model import BrokerModel, Landing, Lost
 
 SERVICE = "svc"
 UNIT_MS = 250

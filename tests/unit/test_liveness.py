@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_events.liveness import Liveness, verdict
+from kombu_events.integrations.liveness import Liveness, verdict
 
 
 @pytest.mark.parametrize(("last_beat", "now", "alive", "why"), [

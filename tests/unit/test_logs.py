@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from kombu_events import cli
-from kombu_events.logs import log_outcome, safe_text, safe_url
+from kombu_events.core.logs import log_outcome, safe_text, safe_url
 
 # (text, every spelling of its password(s), what it reads as once masked): good for safe_url and safe_text.
 MASKED = [

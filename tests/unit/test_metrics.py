@@ -9,12 +9,26 @@ from amqp.exceptions import NotFound
 from prometheus_client import CollectorRegistry
 
 from kombu_events import Archive, Constant, Events, signals
-from kombu_events.decision import ARCHIVE, DEFERRED, FAILED, LOST, OK, RETRY, UNDECODABLE, Outcome
-from kombu_events.delivery import Delivery
+from kombu_events.core.decision import (
+    ARCHIVE,
+    DEFERRED,
+    FAILED,
+    LOST,
+    OK,
+    RETRY,
+    UNDECODABLE,
+    Outcome,
+)
+from kombu_events.core.delivery import Delivery
+from kombu_events.core.settlement import ACK, Hold, Republish
 from kombu_events.errors import BrokerUnavailableError, UnroutableError
-from kombu_events.metrics import PrometheusMetrics, exception_type, handler_ran, publish_status
-from kombu_events.plan import ACK, Hold, Republish
-from kombu_events.stub import StubEvents
+from kombu_events.integrations.metrics import (
+    PrometheusMetrics,
+    exception_type,
+    handler_ran,
+    publish_status,
+)
+from kombu_events.testing.stub import StubEvents
 
 
 @pytest.fixture
@@ -129,8 +143,8 @@ def test_exceptions_are_counted_by_type(metrics):
 @pytest.mark.parametrize(("outcome", "ran", "kind"), [
     (Outcome(OK, duration_ms=1), True, None),
     (Outcome(FAILED, "x", "builtins.KeyError: 'a'"), True, "builtins.KeyError"),
-    (Outcome(RETRY, "later", "kombu_events.failures.Retry: later"), True, "kombu_events.failures.Retry"),
-    (Outcome(ARCHIVE, "bad", "kombu_events.failures.Archive: bad"), True, "kombu_events.failures.Archive"),
+    (Outcome(RETRY, "later", "kombu_events.errors.Retry: later"), True, "kombu_events.errors.Retry"),
+    (Outcome(ARCHIVE, "bad", "kombu_events.errors.Archive: bad"), True, "kombu_events.errors.Archive"),
     (Outcome(ARCHIVE, "refused by a middleware"), False, None),
     (Outcome(UNDECODABLE, "bad", "DecodeError: bad"), False, None),
     (Outcome(LOST, "lost", "billiard.exceptions.WorkerLostError: x"), False, "billiard.exceptions.WorkerLostError"),
@@ -210,7 +224,7 @@ def test_a_depth_reading_that_fails_is_logged_with_its_service_and_the_gauges_ke
     refresh = control.timers[1][2]
     refresh()
     control.connection = LostConnection({})
-    with caplog.at_level(logging.ERROR, logger="kombu_events.metrics"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.integrations.metrics"):
         refresh()  # the timer on the event loop: must not raise
     (record,) = caplog.records
     assert record.getMessage() == ("kombu-events: reading the queue depths of service billing failed; "
@@ -251,7 +265,7 @@ def test_through_the_stub_every_message_of_the_pipeline_is_counted(events):
     assert value(metrics, "kombu_events_messages_total", outcome="ack") == 10
     assert value(metrics, "kombu_events_messages_total", outcome="archive") == 1
     assert value(metrics, "kombu_events_handler_exceptions_total",
-                 exception_type="kombu_events.failures.Archive") == 1
+                 exception_type="kombu_events.errors.Archive") == 1
     assert value(metrics, "kombu_events_handler_duration_seconds_count") == 11
     assert value(metrics, "kombu_events_in_flight") == 0
     assert metrics.registry.get_sample_value("kombu_events_published_total",

@@ -9,19 +9,19 @@ import celery
 import pytest
 
 from kombu_events import Events
-from kombu_events.decision import DEFERRED, OK, Decision, Outcome
-from kombu_events.delivery import Delivery
+from kombu_events.core.decision import DEFERRED, OK, Decision, Outcome
+from kombu_events.core.delivery import Delivery
+from kombu_events.core.event import Event
+from kombu_events.core.settlement import ACK
 from kombu_events.errors import ConfigurationError
-from kombu_events.event import Event
-from kombu_events.middleware import Hooks, Middleware
-from kombu_events.plan import ACK
+from kombu_events.middleware.base import Hooks, Middleware
 
 HOOKS = ("on_received", "on_before_dispatch", "on_settled", "on_before_publish", "on_after_publish", "on_after_store",
          "on_handling")
 DELIVERY = Delivery("billing.audit", "orders.7.created", b"{}")
 EVENT = Event({}, "orders.7.created", "billing.audit", 1)
 DEFER = Outcome(DEFERRED, "circuit open", delay_ms=5000)
-LOGGER = "kombu_events.middleware"
+LOGGER = "kombu_events.middleware.base"
 
 
 class Recorder(Middleware):

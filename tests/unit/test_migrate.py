@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from kombu import Queue
 
-from kombu_events.headers import Undecoded
-from kombu_events.migrate import MigrationError, QueueState, copy_properties, holding_name, plan
+from kombu_events.core.headers import Undecoded
+from kombu_events.ops.migrate import MigrationError, QueueState, copy_properties, holding_name, plan
 
 Q = Queue("billing.audit", durable=True, queue_arguments={"x-queue-type": "quorum"})
 HOLD = holding_name(Q.name)

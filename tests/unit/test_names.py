@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_events import names
+from kombu_events.core import names
 from kombu_events.errors import ConfigurationError, KombuEventsError
 
 

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck as Hypothesis, event, given, settings, strategies as st
 
-from kombu_events.backlog import Backlog
-from kombu_events.circuit import CircuitBreaker
+from kombu_events.core.circuit import CircuitBreaker
+from kombu_events.core.health import Healthy, Unhealthy
 from kombu_events.errors import BacklogError, BrokerUnavailableError, ConfirmTimeoutError, EncodeError, UnroutableError
-from kombu_events.guard import Guard
-from kombu_events.health import Healthy, Unhealthy
-from kombu_events.outbox import STORED, Outbox
-from kombu_events.probes import BROKER, PublisherCheck
-from kombu_events.publisher import build_message
+from kombu_events.publishing.backlog import Backlog
+from kombu_events.publishing.buffered import STORED, Outbox
+from kombu_events.publishing.checks import BROKER, PublisherCheck
+from kombu_events.publishing.circuits import Guard
+from kombu_events.publishing.publisher import build_message
 
 
 class FakeBroker:
@@ -183,7 +183,7 @@ def test_the_daemon_thread_survives_a_backlog_that_fails_while_it_decides_to_end
     monkeypatch.setattr(box.backlog, "pending", pending)
     escaped: list[Any] = []
     monkeypatch.setattr(threading, "excepthook", escaped.append)
-    with caplog.at_level(logging.ERROR, logger="kombu_events.outbox"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.publishing.buffered"):
         box.start()
         thread = box._thread
         assert thread is not None

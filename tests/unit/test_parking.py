@@ -16,7 +16,14 @@ from kombu_events.errors import (
     PublishError,
     UnroutableError,
 )
-from kombu_events.parking import PUBLISH, STORE, Published, route, settle_batch, storable
+from kombu_events.publishing.backlog_policy import (
+    PUBLISH,
+    STORE,
+    Published,
+    route,
+    settle_batch,
+    storable,
+)
 
 
 def test_published_is_the_message_id_and_says_where_the_event_is():

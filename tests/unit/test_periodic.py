@@ -11,9 +11,9 @@ import celery
 import pytest
 
 from kombu_events import Event, Events, signals
+from kombu_events.core.schedule import State, Token
 from kombu_events.errors import ConfigurationError, PublishError
-from kombu_events.periodic import Seeder, peek_state
-from kombu_events.schedule import State, Token
+from kombu_events.periodic.runner import Seeder, peek_state
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def test_a_handler_queue_may_not_take_a_schedule_s_name(events):
 def test_a_run_writes_the_state_publishes_the_next_token_then_records_it(events, monkeypatch):
     schedule, runner, calls = register(events)
     store = events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.now_ms", lambda: 5_050)
+    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_050)
     runner(token_event(5, schedule))
     [event] = calls
     assert event.payload == {"schedule": "tick", "period": 5, "due": "1970-01-01T00:00:05.000+00:00",
@@ -130,7 +130,7 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
 
     schedule, runner, _ = register(events, boom)
     store = events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.now_ms", lambda: 5_000)
+    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_000)
     seen = []
 
     def receiver(sender, event, exception, **kwargs):
@@ -149,7 +149,7 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
 def test_a_token_that_is_not_due_goes_round_again_and_a_stale_one_is_only_acked(events, monkeypatch):
     schedule, runner, calls = register(events)
     store = events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.now_ms", lambda: 4_800)
+    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 4_800)
     runner(token_event(5, schedule))
     assert store.log == [("publish", "billing.delay.1", "0.0.1.0.billing.schedule.tick", 5)] and calls == []
     store.log.clear()
@@ -160,7 +160,7 @@ def test_a_token_that_is_not_due_goes_round_again_and_a_stale_one_is_only_acked(
 def test_a_token_beyond_the_ladder_s_reach_hops(events, monkeypatch):
     schedule, runner, calls = register(events, every=3600)  # the ladder holds 15 units of 100 ms
     store = events._schedule_store = FakeStore(State(0, 0, 1, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.now_ms", lambda: 10)
+    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 10)
     runner(token_event(1, schedule))
     assert store.log == [("publish", "billing.delay.3", "1.1.1.1.billing.schedule.tick", 1)] and calls == []
 
@@ -168,7 +168,7 @@ def test_a_token_beyond_the_ladder_s_reach_hops(events, monkeypatch):
 def test_a_new_schedule_records_its_beginning_before_it_runs(events, monkeypatch):
     schedule, runner, calls = register(events)
     store = events._schedule_store = FakeStore()
-    monkeypatch.setattr("kombu_events.periodic.now_ms", lambda: 7_000)
+    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 7_000)
     runner(token_event(None, schedule))
     assert store.log[0] == ("write", schedule.state_queue, None, 7)
     assert [e.payload["period"] for e in calls] == [7]
@@ -177,7 +177,7 @@ def test_a_new_schedule_records_its_beginning_before_it_runs(events, monkeypatch
 def test_a_failed_publish_raises_so_the_token_is_retried_not_acked(events, monkeypatch):
     schedule, runner, _ = register(events)
     events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature), fail_publish=True)
-    monkeypatch.setattr("kombu_events.periodic.now_ms", lambda: 5_000)
+    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_000)
     with pytest.raises(PublishError):
         runner(token_event(5, schedule))
 
@@ -218,7 +218,7 @@ def test_the_seeding_thread_logs_what_went_wrong_with_its_service(events, store,
     events.periodic("a", every=1)(print)
     events._schedule_store = store
     monkeypatch.setattr(Seeder.seed, "__kwdefaults__", {"attempts": 1, "pause_s": 0})  # the thread's seed()
-    with caplog.at_level(logging.WARNING, logger="kombu_events.periodic"):
+    with caplog.at_level(logging.WARNING, logger="kombu_events.periodic.runner"):
         _seed_in_the_worker(events)
     assert logged in caplog.text
     assert [r for r in caplog.records if r.levelno == logging.ERROR]

@@ -6,16 +6,26 @@ import copy
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from kombu_events import headers as wire, names
-from kombu_events.backoff import Exponential
-from kombu_events.broker_model import BrokerModel
-from kombu_events.codec import JSON
-from kombu_events.config import resolve_settings
-from kombu_events.decision import ARCHIVE, DEFERRED, FAILED, LOST, OK, REDELIVERED, RETRY, UNDECODABLE, Outcome
-from kombu_events.delivery import Delivery, read_delivery
-from kombu_events.handlers import Handler
-from kombu_events.plan import ACK, Ack, Hold, Republish, Step, plan
-from kombu_events.topology import Topology, build_topology
+from kombu_events.core import headers as wire, names
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.codec import JSON
+from kombu_events.core.config import resolve_settings
+from kombu_events.core.decision import (
+    ARCHIVE,
+    DEFERRED,
+    FAILED,
+    LOST,
+    OK,
+    REDELIVERED,
+    RETRY,
+    UNDECODABLE,
+    Outcome,
+)
+from kombu_events.core.delivery import Delivery, read_delivery
+from kombu_events.core.handlers import Handler
+from kombu_events.core.settlement import ACK, Ack, Hold, Republish, Step, plan
+from kombu_events.core.topology import Topology, build_topology
+from kombu_events.testing.broker_model import BrokerModel
 
 QUEUE = "billing.audit"
 EVENT_KEY = "orders.7.created"
@@ -94,10 +104,10 @@ CASES = {
         3, 0, BOOM, (Republish, "archive", "billing.archive", EVENT_KEY, 0),
         "gave up after 4 attempts (max_retries=3): builtins.ValueError: boom"),
     "retry with a delay": (
-        1, 0, Outcome(RETRY, "rate limited", "kombu_events.failures.Retry: rate limited", delay_ms=250),
+        1, 0, Outcome(RETRY, "rate limited", "kombu_events.errors.Retry: rate limited", delay_ms=250),
         (Republish, "retry", "billing.delay.1", "0.0.0.0.0.0.1.1.billing.audit", 300), "rate limited"),
     "retry without a delay": (
-        2, 0, Outcome(RETRY, "retry", "kombu_events.failures.Retry: retry"),
+        2, 0, Outcome(RETRY, "retry", "kombu_events.errors.Retry: retry"),
         (Republish, "retry", "billing.delay.2", "0.0.0.0.0.1.0.0.billing.audit", 400), "retry"),
     "retry with a subnormal delay": (  # 5e-324 / 100 rounds to 0.0: still one whole unit, never none
         1, 0, Outcome(RETRY, "soon", delay_ms=5e-324),
@@ -112,7 +122,7 @@ CASES = {
         3, 0, Outcome(RETRY, "later", delay_ms=250), (Republish, "archive", "billing.archive", EVENT_KEY, 0),
         "gave up after 4 attempts (max_retries=3): later"),
     "archive": (
-        0, 0, Outcome(ARCHIVE, "order cancelled", "kombu_events.failures.Archive: order cancelled", "Traceback"),
+        0, 0, Outcome(ARCHIVE, "order cancelled", "kombu_events.errors.Archive: order cancelled", "Traceback"),
         (Republish, "archive", "billing.archive", EVENT_KEY, 0), "order cancelled"),
     "undecodable": (
         0, 0, Outcome(UNDECODABLE, "body is not valid JSON", "DecodeError: body is not valid JSON"),
@@ -212,12 +222,12 @@ def test_a_requeue_spends_no_attempt(outcome, redeliveries):
 
 
 def test_an_archived_copy_says_why_where_from_and_after_how_many_attempts():
-    outcome = Outcome(ARCHIVE, "order cancelled", "kombu_events.failures.Archive: order cancelled", "Traceback ...")
+    outcome = Outcome(ARCHIVE, "order cancelled", "kombu_events.errors.Archive: order cancelled", "Traceback ...")
     headers = _headers(_plan(_delivery(attempts=1), outcome))
     assert {k: headers[k] for k in (wire.ATTEMPTS, wire.QUEUE, wire.ROUTING_KEY, wire.REASON, wire.EXCEPTION,
                                     wire.TRACEBACK)} == {
         wire.ATTEMPTS: 2, wire.QUEUE: QUEUE, wire.ROUTING_KEY: EVENT_KEY, wire.REASON: "order cancelled",
-        wire.EXCEPTION: "kombu_events.failures.Archive: order cancelled", wire.TRACEBACK: "Traceback ...",
+        wire.EXCEPTION: "kombu_events.errors.Archive: order cancelled", wire.TRACEBACK: "Traceback ...",
     }
     assert headers[wire.ARCHIVED_AT].endswith("+00:00")
 

@@ -17,11 +17,12 @@ import amqp.serialization
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from kombu_events import headers as wire
-from kombu_events.backoff import Exponential
-from kombu_events.codec import JSON, decode
-from kombu_events.config import resolve_settings
-from kombu_events.decision import (
+from kombu_events.broker.lenient_amqp import decode_properties_leniently
+from kombu_events.core import headers as wire
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.codec import JSON, decode
+from kombu_events.core.config import resolve_settings
+from kombu_events.core.decision import (
     ARCHIVE,
     DEFERRED,
     FAILED,
@@ -33,13 +34,11 @@ from kombu_events.decision import (
     Outcome,
     classify,
 )
-from kombu_events.delivery import UNREADABLE, Delivery, read_delivery
-from kombu_events.errors import DecodeError
-from kombu_events.failures import Archive, Poisoned, Retry
-from kombu_events.handlers import Handler
-from kombu_events.plan import Hold, Republish, plan
-from kombu_events.topology import build_topology
-from kombu_events.wire_guard import decode_properties_leniently
+from kombu_events.core.delivery import UNREADABLE, Delivery, read_delivery
+from kombu_events.core.handlers import Handler
+from kombu_events.core.settlement import Hold, Republish, plan
+from kombu_events.core.topology import build_topology
+from kombu_events.errors import Archive, DecodeError, Poisoned, Retry
 
 PROPS = settings(max_examples=200, deadline=None)
 STRING_PROPERTY_NAMES = ("content_type", "content_encoding", "correlation_id", "reply_to", "expiration", "message_id",

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from kombu_events.errors import EncodeError, KombuEventsError
-from kombu_events.publisher import PERSISTENT, build_message
+from kombu_events.publishing.publisher import PERSISTENT, build_message
 
 
 def test_persistent_json_message():

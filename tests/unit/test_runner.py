@@ -6,13 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from kombu_events import decision, registry, runner
-from kombu_events.backoff import Exponential
-from kombu_events.codec import JSON
-from kombu_events.event import Event
-from kombu_events.failures import Archive, Retry, poisonous
-from kombu_events.handlers import Handler
+from kombu_events import registry
+from kombu_events.core import decision
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.codec import JSON
+from kombu_events.core.event import Event
+from kombu_events.core.handlers import Handler
+from kombu_events.errors import Archive, Retry, poisonous
 from kombu_events.registry import Route
+from kombu_events.worker import runner
 
 QUEUE = "billing.audit"
 ACCEPT = frozenset({JSON})
@@ -225,7 +227,7 @@ def test_a_handler_that_changes_its_event_headers_leaves_the_delivery_alone(regi
 
 def test_a_pool_side_admit_refusal_settles_the_message_without_decoding_or_calling_the_handler():
     from kombu_events import Middleware
-    from kombu_events.middleware import Hooks
+    from kombu_events.middleware.base import Hooks
 
     calls = []
 

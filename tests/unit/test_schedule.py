@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kombu_events.schedule import (
+from kombu_events.core.schedule import (
     Advance,
     Begin,
     Later,

@@ -10,10 +10,12 @@ import pytest
 import sentry_sdk
 from sentry_sdk.transport import Transport
 
-from kombu_events import Archive, Events, Retry, poisonous, sentry, signals, wire_guard
-from kombu_events.bootstep import EventsStep
-from kombu_events.event import Event
+from kombu_events import Archive, Events, Retry, poisonous, signals
+from kombu_events.broker import lenient_amqp as wire_guard
+from kombu_events.core.event import Event
+from kombu_events.integrations import sentry
 from kombu_events.testing import StubEvents
+from kombu_events.worker.bootstep import EventsStep
 
 
 class Captured(Transport):
@@ -146,7 +148,7 @@ def test_a_sentry_sdk_that_raises_is_logged_with_the_handler_and_message_and_goe
 
     monkeypatch.setattr(sentry_sdk, "capture_exception", broken)
     event = Event({}, "orders.1", "billing.charge", 2, properties={"message_id": "m-1"})
-    with caplog.at_level(logging.ERROR, logger="kombu_events.sentry"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.integrations.sentry"):
         sentry.report(sender=test_tags_are_cut_to_sentrys_length, event=event, exception=ValueError("boom"),
                       action="retry")
     (record,) = caplog.records

@@ -5,8 +5,8 @@ import celery
 from amqp.exceptions import NotFound
 
 from kombu_events import Events
-from kombu_events.service_health import missing_exchanges, problems
-from kombu_events.status import QueueStatus
+from kombu_events.ops.health import missing_exchanges, problems
+from kombu_events.ops.status import QueueStatus
 
 HEALTHY = [
     QueueStatus("billing.audit", "handler", 0, 0, 2),

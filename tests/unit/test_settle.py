@@ -6,11 +6,11 @@ import logging
 import pytest
 
 from kombu_events import signals
-from kombu_events.decision import DEFERRED, OK, REDELIVERED, UNDECODABLE, Outcome
-from kombu_events.delivery import Delivery
-from kombu_events.middleware import Hooks, Middleware
-from kombu_events.plan import ACK, Hold
-from kombu_events.settle import announce, screen
+from kombu_events.core.decision import DEFERRED, OK, REDELIVERED, UNDECODABLE, Outcome
+from kombu_events.core.delivery import Delivery
+from kombu_events.core.settlement import ACK, Hold
+from kombu_events.middleware.base import Hooks, Middleware
+from kombu_events.worker.screening import announce, screen
 
 DELIVERY = Delivery("billing.audit", "orders.7.created", b"{}", {"message_id": "m-1"}, attempt=2)
 DEFER = Outcome(DEFERRED, "circuit open", delay_ms=5000)

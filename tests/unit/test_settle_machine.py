@@ -36,8 +36,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kombu.transport.base import StdChannel
 
 from kombu_events import Events, Middleware, registry
-from kombu_events.consumer import ServiceConsumer
-from kombu_events.decision import ARCHIVE, FAILED, OK, Outcome
+from kombu_events.core.decision import ARCHIVE, FAILED, OK, Outcome
+from kombu_events.worker.consumer import ServiceConsumer
 
 OUTCOMES = {"ok": Outcome(OK), "retry": Outcome(FAILED, "boom", "builtins.ValueError: boom"),
             "archive": Outcome(ARCHIVE, "poison")}

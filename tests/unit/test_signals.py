@@ -10,14 +10,16 @@ from typing import Any, Callable
 
 import pytest
 
-from kombu_events import decision, registry, runner, signals
-from kombu_events.backoff import Exponential
-from kombu_events.codec import JSON
-from kombu_events.event import Event
-from kombu_events.failures import Archive, Retry
-from kombu_events.handlers import Handler
-from kombu_events.middleware import Hooks, Middleware
+from kombu_events import registry, signals
+from kombu_events.core import decision
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.codec import JSON
+from kombu_events.core.event import Event
+from kombu_events.core.handlers import Handler
+from kombu_events.errors import Archive, Retry
+from kombu_events.middleware.base import Hooks, Middleware
 from kombu_events.registry import Route
+from kombu_events.worker import runner
 
 QUEUE = "billing.audit"
 KEY = "orders.7.created"

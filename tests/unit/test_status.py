@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_events.status import CONSUMING, PAUSED, QueueStatus, queue_state
+from kombu_events.ops.status import CONSUMING, PAUSED, QueueStatus, queue_state
 
 
 @pytest.mark.parametrize("role, consumers, state", [

@@ -13,9 +13,13 @@ from celery import Celery
 from celery.app.defaults import DEFAULTS
 from kombu import Queue
 
-from kombu_events import task_queues
 from kombu_events.errors import ConfigurationError
-from kombu_events.task_queues import check_task_queues, classic_task_queues, follow_connection
+from kombu_events.worker import task_queues
+from kombu_events.worker.task_queues import (
+    check_task_queues,
+    classic_task_queues,
+    follow_connection,
+)
 
 QUORUM = SimpleNamespace(settings=SimpleNamespace(service="billing", queue_type="quorum"))
 CLASSIC = SimpleNamespace(settings=SimpleNamespace(service="audit", queue_type="classic"))
@@ -71,7 +75,7 @@ def test_classic_services_leave_celery_alone():
 @quorum_task_queues
 def test_a_quorum_service_lets_the_consumer_restart_after_a_channel_error(caplog):
     app = _app(task_default_queue_type="quorum")
-    with caplog.at_level(logging.INFO, logger="kombu_events.task_queues"):
+    with caplog.at_level(logging.INFO, logger="kombu_events.worker.task_queues"):
         check_task_queues(app, [QUORUM])
     assert app.conf.broker_channel_error_retry is True
     assert "broker_channel_error_retry turned on" in caplog.text
@@ -116,7 +120,7 @@ def test_a_failing_setup_is_retried_on_the_connected_node_then_logged(mocker, ca
     setup = mocker.patch.object(step, "_setup_delayed_delivery", side_effect=ConnectionRefusedError("gone"))
     mocker.patch("kombu.utils.functional.sleep")  # retry_over_time's pauses
     consumer.connection = SimpleNamespace(as_uri=lambda include_password=False: "amqp://b//")
-    with caplog.at_level(logging.WARNING, logger="kombu_events.task_queues"):
+    with caplog.at_level(logging.WARNING, logger="kombu_events.worker.task_queues"):
         step.start(consumer)
     assert {call.args[1] for call in setup.call_args_list} == {"amqp://b//"}
     assert setup.call_count == delayed_delivery.MAX_RETRIES + 1

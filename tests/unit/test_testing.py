@@ -18,15 +18,14 @@ from kombu_events import (
     Outcome,
     Retry,
     UnroutableError,
-    headers as wire,
     poisonous,
     signals,
-    stub as stub_module,
 )
-from kombu_events.decision import DEFERRED, FAILED, UNDECODABLE
-from kombu_events.plan import Republish
-from kombu_events.publisher import Publisher
-from kombu_events.testing import StubEvents, fails_fast
+from kombu_events.core import headers as wire
+from kombu_events.core.decision import DEFERRED, FAILED, UNDECODABLE
+from kombu_events.core.settlement import Republish
+from kombu_events.publishing.publisher import Publisher
+from kombu_events.testing import StubEvents, fails_fast, stub as stub_module
 
 FAST = {"delay_unit_ms": 100, "delay_levels": 8, "backoff": Exponential(base_ms=200, max_delay_ms=1000)}
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from kombu_events.topic import matches, words
+from kombu_events.core.topic import matches, words
 
 
 def reference(binding_key: str, routing_key: str) -> bool:

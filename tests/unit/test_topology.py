@@ -5,11 +5,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from kombu import Exchange, Queue, binding
 
-from kombu_events.backoff import Exponential
-from kombu_events.config import Settings
+from kombu_events.core.backoff import Exponential
+from kombu_events.core.config import Settings
+from kombu_events.core.handlers import Handler
+from kombu_events.core.topology import Topology, build_topology
 from kombu_events.errors import DelayTooLongError
-from kombu_events.handlers import Handler
-from kombu_events.topology import Topology, build_topology
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -278,7 +278,7 @@ def test_a_handler_s_own_queue_arguments_single_active_consumer_and_expiry():
 
 
 def test_a_schedule_s_token_queue_is_consumed_and_its_state_queue_keeps_the_newest_message():
-    from kombu_events.schedule import Schedule
+    from kombu_events.core.schedule import Schedule
 
     schedule = Schedule("hourly", 3_600_000, 0, "latest", 86_400_000, "billing.schedule.hourly",
                         "billing.schedule.hourly.state")

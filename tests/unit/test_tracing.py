@@ -9,10 +9,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from kombu_events import Constant, Events, PublishError, headers as wire
-from kombu_events.event import Event
+from kombu_events import Constant, Events, PublishError
+from kombu_events.core import headers as wire
+from kombu_events.core.event import Event
+from kombu_events.integrations.tracing import (
+    TracingMiddleware,
+    consumer_attributes,
+    error_type,
+    producer_attributes,
+)
 from kombu_events.testing import StubEvents
-from kombu_events.tracing import TracingMiddleware, consumer_attributes, error_type, producer_attributes
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -213,7 +219,7 @@ def test_the_handler_runs_in_its_span_with_the_publishers_baggage(events, export
 
 
 def test_publish_spans_that_never_end_do_not_pile_up(tracing, monkeypatch, caplog):
-    monkeypatch.setattr("kombu_events.tracing.MAX_PUBLISHING", 3)
+    monkeypatch.setattr("kombu_events.integrations.tracing.MAX_PUBLISHING", 3)
     kept = [{"application_headers": {}} for _ in range(4)]  # alive, so that no id() is reused
     for properties in kept:
         tracing.before_publish("shop", "orders.1", properties)

@@ -6,8 +6,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from kombu_events.control import Control
-from kombu_events.waits import BrokerSilent, answer_within
+from kombu_events.broker.waits import BrokerSilent, answer_within
+from kombu_events.middleware.control import Control
 
 
 class Transport:
@@ -81,12 +81,12 @@ def _consumer(*open_states, started=True):
 
 
 def test_a_channel_the_broker_closed_makes_celery_reconnect():
-    from kombu_events.consumer import ServiceConsumer
+    from kombu_events.worker.consumer import ServiceConsumer
     with pytest.raises(ConnectionError, match="a channel of service svc was closed by the broker"):
         ServiceConsumer._check_channels(_consumer(True, False))
 
 
 @pytest.mark.parametrize("consumer", [_consumer(True, True), _consumer(False, started=False), _consumer()])
 def test_open_channels_or_a_stopped_step_raise_nothing(consumer):
-    from kombu_events.consumer import ServiceConsumer
+    from kombu_events.worker.consumer import ServiceConsumer
     ServiceConsumer._check_channels(consumer)

@@ -1,0 +1,151 @@
+"""A registered handler: the callable, its queue and binding keys, its failure policy."""
+from __future__ import annotations
+
+__all__ = ["Handler", "validate_binding_key", "check_runnable", "circuit_breaker_of", "check_prefetch"]
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigurationError
+from .backoff import Backoff
+from .circuit import CircuitBreaker
+from .names import MAX_NAME_BYTES
+
+
+@dataclass(frozen=True)
+class Handler:
+    """One event handler and the queue it consumes."""
+
+    fn: Callable[..., Any]
+    name: str
+    queue: str
+    binding_keys: tuple[str, ...]
+    max_retries: int
+    backoff: Backoff
+    retry_for: tuple[type[BaseException], ...] = (Exception,)
+    dont_retry: tuple[type[BaseException], ...] = ()
+    bind: bool = False
+    raw: bool = False
+    circuit_breaker: CircuitBreaker | None = None
+    #: Messages of this queue in flight per worker (None: the service's ``prefetch_count``).
+    prefetch: int | None = None
+    #: Declare the queue with ``x-single-active-consumer``: one consumer of the fleet receives at a time.
+    single_active_consumer: bool = False
+    #: Declare the queue with ``x-expires``: deleted once unused (no consumer, no get) this long.
+    expires_ms: int | None = None
+
+
+def validate_binding_key(key: object) -> str:
+    """Return ``key`` if it is a valid topic binding key, else raise ConfigurationError."""
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(f"binding key must be a non-empty string, got {key!r}")
+    if len(key.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ConfigurationError(f"binding key {key!r} is longer than {MAX_NAME_BYTES} bytes")
+    for word in key.split("."):
+        if word not in ("*", "#") and ("*" in word or "#" in word):
+            raise ConfigurationError(
+                f"binding key {key!r}: a wildcard must be a whole word ('orders.*.created', 'orders.#')"
+            )
+    return key
+
+
+def check_runnable(fn: object, *, role: str, argument: str, parameter: str) -> None:
+    """Raise ConfigurationError unless calling ``fn`` with one argument runs its body.
+
+    The worker calls a handler and acks once the call returns: a coroutine or generator
+    function would return without running its body, a class would only be constructed,
+    and a function that cannot take one positional argument would fail on every event.
+    ``role`` names what is registered ("handler"), ``argument`` what the worker passes
+    ("the event's payload") and ``parameter`` the name suggested for it ("payload").
+    """
+    if not callable(fn):
+        raise ConfigurationError(f"{role} {_describe(fn)} is not callable: register a function that takes "
+                                 f"{argument}, e.g. def on_event({parameter}): ...")
+    if isinstance(fn, type):
+        raise ConfigurationError(
+            f"{role} {_describe(fn)} is a class: calling it would only construct an instance (and the event "
+            f"would count as handled); register a function, or an instance whose __call__ takes {argument}")
+    unrunnable = _unrunnable(fn)
+    if unrunnable is not None:
+        raise ConfigurationError(f"{role} {_describe(fn)} {unrunnable}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and extension callables have none to read: let them be
+        return
+    try:
+        signature.bind(object())
+    except TypeError:
+        raise ConfigurationError(
+            f"{role} {_describe(fn)}{signature} cannot be called with one positional argument ({argument}): "
+            f"every call would fail with TypeError; give it one parameter for it, "
+            f"e.g. def {getattr(fn, '__name__', 'on_event')}({parameter}): ...") from None
+
+
+#: What calling a function of each kind returns instead of running its body, and what to do instead.
+_NOT_RUN: tuple[tuple[Callable[[object], bool], str, str], ...] = (
+    (inspect.iscoroutinefunction, "an async def function",
+     ("kombu-events cannot await it yet, so its body would never run; define it with def, "
+      "or run the coroutine with asyncio.run inside it")),
+    (inspect.isasyncgenfunction, "an async generator function",
+     "calling it only creates an async generator, so its body would never run; define it with def, without yield"),
+    (inspect.isgeneratorfunction, "a generator function",
+     "calling it only creates a generator, so its body would never run; define it without yield"),
+)
+
+
+def _unrunnable(fn: Callable[..., Any]) -> str | None:
+    """Why calling ``fn`` would not run its body (the sentence after its name), or None."""
+    target, via = fn, "is"
+    while isinstance(target, functools.partial):
+        target, via = target.func, "is a functools.partial of"
+    candidates = [(target, via)]
+    if not inspect.isroutine(target):  # an object (a class was refused before): what runs is its __call__
+        candidates.append((type(target).__call__, f"{via} an object whose __call__ is"))
+    for candidate, how in candidates:
+        for test, kind, why in _NOT_RUN:
+            if test(candidate):
+                return f"{how} {kind}: {why}"
+    return None
+
+
+def _describe(fn: object) -> str:
+    """``module.qualname`` of a function, class or method; what a partial or an object wraps; else its repr."""
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({_describe(fn.func)}, ...)"
+    name, module = getattr(fn, "__qualname__", None), getattr(fn, "__module__", None)
+    if isinstance(name, str) and (inspect.isroutine(fn) or isinstance(fn, type)):
+        return f"{module}.{name}" if module else name
+    if callable(fn):
+        return f"<{type(fn).__module__}.{type(fn).__qualname__} object>"
+    text = repr(fn)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def circuit_breaker_of(where: str, value: Any, default: CircuitBreaker | None) -> CircuitBreaker | None:
+    """A handler's breaker: ``None`` takes the service's ``default``, ``False`` turns it off."""
+    if value is None:
+        return default
+    if value is False:
+        return None
+    if isinstance(value, CircuitBreaker):
+        return value
+    raise ConfigurationError(f"circuit_breaker of {where} must be a CircuitBreaker(...), None (the service's "
+                             f"default) or False (none), got {value!r}")
+
+
+def exception_classes(setting: str, value: Any) -> tuple[type[BaseException], ...]:
+    """Normalise ``retry_for``/``dont_retry`` to a tuple of exception classes."""
+    items = value if isinstance(value, (tuple, list, set, frozenset)) else (value,)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ConfigurationError(f"{setting} must list exception classes, got {item!r}")
+    return tuple(items)
+
+
+def check_prefetch(value: Any) -> int | None:
+    """Return a handler's ``prefetch`` (None: the service's), else raise ConfigurationError."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_535):
+        raise ConfigurationError(f"prefetch must be an integer within 1 .. 65535 or None, got {value!r}")
+    return value

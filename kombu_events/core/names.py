@@ -1,0 +1,110 @@
+"""Names of the exchanges and queues of a service, and their validation."""
+from __future__ import annotations
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "validate_name",
+    "handler_queue",
+    "delay_name",
+    "delay_prefix",
+    "delivery_exchange",
+    "archive_name",
+    "deferred_name",
+    "deferred_exchange",
+    "unrouted_name",
+    "schedule_prefix",
+    "schedule_queue",
+    "schedule_state",
+    "STATE_SUFFIX",
+]
+
+import unicodedata
+
+from ..errors import ConfigurationError
+
+#: AMQP short strings (exchange, queue and routing key names) hold at most 255 bytes.
+MAX_NAME_BYTES = 255
+
+
+def validate_name(setting: str, value: object, *, max_bytes: int = MAX_NAME_BYTES) -> str:
+    """Return ``value`` if it is a usable exchange/queue name, else raise ConfigurationError."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigurationError(f"{setting} must be a non-empty string, got {value!r}")
+    if "*" in value or "#" in value:
+        raise ConfigurationError(
+            f"{setting}={value!r} contains a topic wildcard ('*' or '#'); "
+            "use letters, digits, '.', '-' and '_'"
+        )
+    if any(ch.isspace() or unicodedata.category(ch).startswith("C") for ch in value):
+        raise ConfigurationError(
+            f"{setting}={value!r} contains whitespace or control characters; "
+            "use letters, digits, '.', '-' and '_'"
+        )
+    size = len(value.encode("utf-8"))
+    if size > max_bytes:
+        raise ConfigurationError(
+            f"{setting}={value!r} is {size} bytes long; at most {max_bytes} bytes fit"
+        )
+    return value
+
+
+def handler_queue(service: str, handler_name: str) -> str:
+    """Default queue of a handler: ``<service>.<handler name>``."""
+    return f"{service}.{handler_name}"
+
+
+def delay_name(service: str, level: int) -> str:
+    """Exchange and queue of one level of the delay ladder: ``<service>.delay.<level>``."""
+    return f"{delay_prefix(service)}{level}"
+
+
+def delay_prefix(service: str) -> str:
+    """What the names of every level of the delay ladder start with: ``<service>.delay.``."""
+    return f"{service}.delay."
+
+
+def delivery_exchange(service: str) -> str:
+    """Exchange that brings a delayed message back to its own queue: ``<service>.delivery``."""
+    return f"{service}.delivery"
+
+
+def archive_name(service: str) -> str:
+    """Exchange and queue of the archive: ``<service>.archive``."""
+    return f"{service}.archive"
+
+
+def deferred_name(exchange: str, level: int) -> str:
+    """Exchange and queue of one level of an events exchange's own ladder: ``<exchange>.deferred.<level>``.
+
+    Delayed publishing waits here: one ladder per events exchange, shared by every service.
+    """
+    return f"{deferred_exchange(exchange)}.{level}"
+
+
+def deferred_exchange(exchange: str) -> str:
+    """Exchange where delayed events come due and are routed by their own key: ``<exchange>.deferred``."""
+    return f"{exchange}.deferred"
+
+
+def unrouted_name(exchange: str) -> str:
+    """Exchange and queue of delayed events that no queue was bound for when due: ``<exchange>.unrouted``."""
+    return f"{exchange}.unrouted"
+
+
+#: What the state queue of a schedule adds to its token queue's name (a schedule's own name may not end so).
+STATE_SUFFIX = ".state"
+
+
+def schedule_prefix(service: str) -> str:
+    """What the names of every schedule queue of a service start with: ``<service>.schedule.``."""
+    return f"{service}.schedule."
+
+
+def schedule_queue(service: str, schedule: str) -> str:
+    """Token queue of a periodic schedule: ``<service>.schedule.<schedule>``."""
+    return f"{schedule_prefix(service)}{schedule}"
+
+
+def schedule_state(service: str, schedule: str) -> str:
+    """State queue of a periodic schedule (its last run, one message): ``<service>.schedule.<schedule>.state``."""
+    return f"{schedule_queue(service, schedule)}{STATE_SUFFIX}"

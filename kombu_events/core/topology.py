@@ -1,0 +1,245 @@
+"""The topology of one service as unbound kombu entities (docs/topology.md); no I/O."""
+from __future__ import annotations
+
+__all__ = ["Address", "ExchangeBinding", "Topology", "build_topology"]
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
+
+from kombu import Exchange, Queue, binding
+
+from ..errors import DelayTooLongError
+from ..ops.dot import to_dot as render_dot
+from . import ladder, names
+from .config import Settings
+from .handlers import Handler
+
+if TYPE_CHECKING:
+    from .schedule import Schedule
+
+
+@dataclass(frozen=True)
+class ExchangeBinding:
+    """``destination`` receives what ``source`` routes with ``routing_key``."""
+
+    destination: Exchange
+    source: Exchange
+    routing_key: str
+
+
+class Address(NamedTuple):
+    """Where to publish a message so that it reaches a queue after a delay."""
+
+    exchange: str
+    routing_key: str
+    delay_ms: int  # the delay the ladder holds it: whole units, never less than asked
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Every exchange, queue (with its bindings) and exchange-to-exchange binding of a service."""
+
+    settings: Settings
+    exchanges: tuple[Exchange, ...]
+    queues: tuple[Queue, ...]
+    exchange_bindings: tuple[ExchangeBinding, ...]
+
+    @property
+    def handler_queues(self) -> tuple[Queue, ...]:
+        """The queues handlers consume (a periodic schedule's token queue too)."""
+        return tuple(q for q in self.queues if self.role(q.name) in ("handler", "schedule"))
+
+    def role(self, queue: str) -> str:
+        """What ``queue`` is for: ``handler``, ``delay`` (the service's ladder), ``archive``,
+        ``deferred`` (the events exchange's ladder for delayed publishing), ``unrouted``, ``schedule``
+        (a periodic schedule's token queue) or ``state`` (its state queue)."""
+        s = self.settings
+        if queue == names.archive_name(s.service):
+            return "archive"
+        if queue.startswith(names.schedule_prefix(s.service)):
+            return "state" if queue.endswith(names.STATE_SUFFIX) else "schedule"
+        if queue.startswith(names.delay_prefix(s.service)):
+            return "delay"
+        if s.publish_delay_levels and queue.startswith(names.deferred_exchange(s.exchange) + "."):
+            return "deferred"
+        if s.publish_delay_levels and queue == names.unrouted_name(s.exchange):
+            return "unrouted"
+        return "handler"
+
+    def address(self, queue: str, delay_ms: float) -> Address:
+        """Exchange and routing key that bring a message to ``queue`` after ``delay_ms``.
+
+        Raises DelayTooLongError if the ladder cannot hold the delay.
+        """
+        s = self.settings
+        units = ladder.units_for(delay_ms=delay_ms, unit_ms=s.delay_unit_ms, levels=s.delay_levels)
+        key = ladder.routing_key(delay_units=units, levels=s.delay_levels, queue=queue)
+        return Address(self.entry_exchange(units), key, units * s.delay_unit_ms)
+
+    def publish_address(self, routing_key: str, delay_ms: float) -> Address:
+        """Exchange and routing key that deliver an event to every queue bound for ``routing_key``
+        after ``delay_ms``, as if it were published then (the events exchange itself for no delay).
+
+        Raises DelayTooLongError if the events exchange's ladder cannot hold the delay.
+        """
+        s = self.settings
+        try:
+            units = ladder.units_for(delay_ms=delay_ms, unit_ms=s.publish_delay_unit_ms,
+                                     levels=s.publish_delay_levels)
+        except DelayTooLongError as exc:
+            raise DelayTooLongError(
+                f"cannot publish {routing_key!r} with a delay of {delay_ms!r} ms: {s.publish_delay_levels} levels "
+                f"of {s.publish_delay_unit_ms} ms hold at most {s.max_publish_delay_ms} ms (settings "
+                "publish_delay_levels, publish_delay_unit_ms)") from exc
+        if not units:
+            return Address(s.exchange, routing_key, 0)
+        key = ladder.routing_key(delay_units=units, levels=s.publish_delay_levels, queue=routing_key)
+        level = units.bit_length() - 1
+        return Address(names.deferred_name(s.exchange, level), key, units * s.publish_delay_unit_ms)
+
+    def entry_exchange(self, delay_units: int) -> str:
+        """Exchange to publish a message to for ``delay_units`` (the delivery exchange for 0)."""
+        level = ladder.entry_level(delay_units=delay_units)
+        if level is None:
+            return names.delivery_exchange(self.settings.service)
+        return names.delay_name(self.settings.service, level)
+
+    @property
+    def archive_exchange(self) -> str:
+        """Exchange of the archive."""
+        return names.archive_name(self.settings.service)
+
+    def describe(self) -> list[str]:
+        """One line per exchange, queue, argument and binding: the ``declare --dry-run`` plan."""
+        lines = [f"exchange {e.name} type={e.type} durable={e.durable}" for e in self.exchanges]
+        for queue in self.queues:
+            args = " ".join(f"{k}={v}" for k, v in sorted((getattr(queue, "queue_arguments", None) or {}).items()))
+            lines.append(f"queue {queue.name} durable={queue.durable} {args}".rstrip())
+            # kombu keeps bindings in a set: sorted, the plan reads (and diffs) the same every run.
+            for b in sorted(queue.bindings, key=lambda b: (b.exchange.name, b.routing_key or "")):
+                lines.append(f"  bind queue {queue.name} <- exchange {b.exchange.name} key={b.routing_key!r}")
+        for eb in self.exchange_bindings:
+            lines.append(
+                f"bind exchange {eb.destination.name} <- exchange {eb.source.name} key={eb.routing_key!r}"
+            )
+        return lines
+
+    def to_dot(self) -> str:
+        """The topology as a Graphviz ``dot`` graph: the ``declare --dry-run --format dot`` output."""
+        return render_dot(self)
+
+
+def _queue_args(settings: Settings, *, dead_letters: bool) -> dict[str, object]:
+    if settings.queue_type != "quorum":
+        return {}
+    args: dict[str, object] = {"x-queue-type": "quorum",
+                               "x-quorum-initial-group-size": settings.quorum_initial_group_size}
+    if dead_letters:
+        # Without these a quorum queue dead-letters at most once: a crash loses the message.
+        args.update({"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
+    return args
+
+
+def _handler_queue(settings: Settings, handler: Handler, events: Exchange, delivery: Exchange,
+                   due: Exchange | None) -> Queue:
+    levels = settings.delay_levels
+    args = _queue_args(settings, dead_letters=True)
+    args.update({
+        # A rejected message waits one unit in the ladder (level 0), then comes back here only.
+        "x-dead-letter-exchange": names.delay_name(settings.service, 0),
+        "x-dead-letter-routing-key": ladder.routing_key(delay_units=1, levels=levels, queue=handler.queue),
+    })
+    if handler.single_active_consumer:
+        args["x-single-active-consumer"] = True
+    if handler.expires_ms is not None:
+        args["x-expires"] = handler.expires_ms
+    bindings = [binding(events, routing_key=key) for key in handler.binding_keys]
+    bindings.append(binding(delivery, routing_key=ladder.delivery_pattern(levels=levels, queue=handler.queue)))
+    if due is not None:  # delayed events come due here with one word per level before their own key
+        bindings += [binding(due, routing_key=ladder.delivery_pattern(levels=settings.publish_delay_levels,
+                                                                      queue=key)) for key in handler.binding_keys]
+    return Queue(handler.queue, bindings=bindings, durable=True, queue_arguments=args)
+
+
+def _ladder(settings: Settings, bottom: Exchange, *, levels: int, unit_ms: int,
+            name: Callable[[int], str]) -> tuple[list[Exchange], list[Queue], list[ExchangeBinding]]:
+    """Levels ``levels-1 .. 0`` named ``name(level)``, dead-lettering down to ``bottom``."""
+    exchanges = [Exchange(name(lv), "topic", durable=True) for lv in range(levels)]
+    queues, links = [], []
+    for level, exchange in enumerate(exchanges):
+        lower = exchanges[level - 1] if level else bottom
+        args = _queue_args(settings, dead_letters=True)
+        args.update({
+            "x-message-ttl": ladder.ttl_ms(level=level, unit_ms=unit_ms),
+            "x-dead-letter-exchange": lower.name,
+        })
+        key = ladder.level_pattern(level=level, levels=levels)
+        queues.append(Queue(exchange.name, bindings=[binding(exchange, routing_key=key)],
+                            durable=True, queue_arguments=args))
+        links.append(ExchangeBinding(lower, exchange, ladder.pass_pattern(level=level, levels=levels)))
+    return exchanges[::-1], queues[::-1], links[::-1]
+
+
+def _archive(settings: Settings) -> tuple[Exchange, Queue]:
+    exchange = Exchange(names.archive_name(settings.service), "fanout", durable=True)
+    args = _queue_args(settings, dead_letters=False)
+    if settings.archive_ttl_ms:
+        args["x-message-ttl"] = settings.archive_ttl_ms
+    if settings.archive_max_length:
+        args["x-max-length"] = settings.archive_max_length
+    return exchange, Queue(exchange.name, bindings=[binding(exchange, routing_key="")],
+                           durable=True, queue_arguments=args)
+
+
+def _due_exchange(settings: Settings) -> Exchange:
+    """Where delayed events come due; what no queue is bound for goes on to ``<exchange>.unrouted``."""
+    return Exchange(names.deferred_exchange(settings.exchange), "topic", durable=True,
+                    arguments={"alternate-exchange": names.unrouted_name(settings.exchange)})
+
+
+def _deferred(settings: Settings, due: Exchange) -> tuple[list[Exchange], list[Queue], list[ExchangeBinding]]:
+    """The events exchange's own ladder for delayed publishing, its due exchange and unrouted queue.
+
+    Shared by every service on the exchange (each declares it, idempotently). A delayed
+    event's key is one bit word per level, then its own key; when it comes due, the
+    due exchange routes it to every handler queue bound for that key (each binds
+    there with one ``*`` per level before its own binding key). An event no queue is
+    bound for then goes to the alternate exchange and waits in ``<exchange>.unrouted``.
+    """
+    exchange = settings.exchange
+    unrouted = Exchange(names.unrouted_name(exchange), "fanout", durable=True)
+    exchanges, queues, links = _ladder(settings, due, levels=settings.publish_delay_levels,
+                                       unit_ms=settings.publish_delay_unit_ms,
+                                       name=lambda level: names.deferred_name(exchange, level))
+    unrouted_queue = Queue(unrouted.name, bindings=[binding(unrouted, routing_key="")], durable=True,
+                           queue_arguments=_queue_args(settings, dead_letters=False))
+    return [*exchanges, due, unrouted], [*queues, unrouted_queue], links
+
+
+def _state_queue(settings: Settings, schedule: Schedule) -> Queue:
+    """The one-message queue that holds a schedule's last run: the newest write wins (docs/scheduling.md)."""
+    args = _queue_args(settings, dead_letters=False)
+    args.update({"x-max-length": 1, "x-overflow": "drop-head", "x-expires": schedule.retire_after_ms})
+    return Queue(schedule.state_queue, durable=True, queue_arguments=args)
+
+
+def build_topology(settings: Settings, handlers: Iterable[Handler], schedules: Iterable[Schedule] = ()) -> Topology:
+    """Build the service's topology: handler queues (a schedule's token queue is one), ladder levels
+    N-1..0, delivery, archive, the schedules' state queues, then the events exchange's
+    delayed-publishing ladder (unless ``publish_delay_levels`` is 0)."""
+    events = Exchange(settings.exchange, "topic", durable=True)
+    delivery = Exchange(names.delivery_exchange(settings.service), "topic", durable=True)
+    due = _due_exchange(settings) if settings.publish_delay_levels else None
+    shared_exchanges, shared_queues, shared_links = _deferred(settings, due) if due else ([], [], [])
+    handler_queues = [_handler_queue(settings, h, events, delivery, due) for h in handlers]
+    level_exchanges, level_queues, links = _ladder(
+        settings, delivery, levels=settings.delay_levels, unit_ms=settings.delay_unit_ms,
+        name=lambda level: names.delay_name(settings.service, level))
+    archive_exchange, archive_queue = _archive(settings)
+    state_queues = [_state_queue(settings, schedule) for schedule in schedules]
+    return Topology(
+        settings=settings,
+        exchanges=(events, *level_exchanges, delivery, archive_exchange, *shared_exchanges),
+        queues=(*handler_queues, *level_queues, archive_queue, *state_queues, *shared_queues),
+        exchange_bindings=(*links, *shared_links),
+    )

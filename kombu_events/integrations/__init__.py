@@ -1,0 +1,1 @@
+"""Optional integrations: Prometheus (metrics, exporter, liveness), OpenTelemetry tracing, Sentry."""

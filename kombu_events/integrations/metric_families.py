@@ -1,0 +1,77 @@
+"""What Prometheus reads at scrape time: the metric families of a
+:class:`~kombu_events.integrations.metrics.PrometheusMetrics`.
+
+A prometheus_client collector: the middleware's hooks add to plain numbers on the
+event loop, and a scrape (on the HTTP server's thread) turns them into families.
+"""
+from __future__ import annotations
+
+__all__ = ["Families", "BUCKETS", "CIRCUIT_STATES"]
+
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from .metrics import PrometheusMetrics
+
+LABELS = ["service", "queue", "handler"]
+#: Values of the ``state`` label of ``kombu_events_circuit_state``.
+CIRCUIT_STATES = ("closed", "open", "half_open")
+#: Upper bounds of the handler time buckets, in seconds (1 ms .. 5 min; +Inf is added).
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_BOUNDS = [floatToGoString(b) for b in BUCKETS] + ["+Inf"]
+
+
+class Families:
+    """The collector of one ``PrometheusMetrics``, registered on its registry."""
+
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        """The families' names, without samples (for the registry's duplicate check)."""
+        return iter(_empty())
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family, from a snapshot of the counts (the event loop may change them meanwhile)."""
+        messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit = _empty()
+        for q in list(self.metrics.queues.values()):
+            labels = list(q.labels)
+            for outcome, count in list(q.outcomes.items()):
+                messages.add_metric([*labels, outcome], count)
+            duration.add_metric(labels, list(zip(_BOUNDS, accumulate(list(q.buckets)))), q.duration_s)
+            in_flight.add_metric(labels, q.in_flight)
+            for kind, count in list(q.exceptions.items()):
+                exceptions.add_metric([*labels, kind], count)
+            if q.depth is not None:
+                queue_depth.add_metric(labels, q.depth)
+            for state in CIRCUIT_STATES if q.circuit in CIRCUIT_STATES else (*CIRCUIT_STATES, q.circuit):
+                circuit.add_metric([*labels, state], 1 if state == q.circuit else 0)
+        for (service, level), ready in sorted(self.metrics.ladder_depths.items()):
+            ladder.add_metric([service, str(level)], ready)
+        for service, ready in sorted(self.metrics.archive_depths.items()):
+            archive.add_metric([service], ready)
+        return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit])
+
+
+def _empty() -> tuple[Any, ...]:
+    every_15_s = " (read by the worker every 15 s)"
+    return (
+        CounterMetricFamily("kombu_events_messages", "Messages settled, by outcome (the step that took effect).",
+                            labels=[*LABELS, "outcome"]),
+        HistogramMetricFamily("kombu_events_handler_duration_seconds",
+                              "The handler's own run time, measured in the pool.", labels=LABELS),
+        GaugeMetricFamily("kombu_events_in_flight", "Messages received and not settled yet.", labels=LABELS),
+        CounterMetricFamily("kombu_events_handler_exceptions", "Exceptions raised by handlers, by type.",
+                            labels=[*LABELS, "exception_type"]),
+        GaugeMetricFamily("kombu_events_queue_depth", "Ready messages in a handler queue" + every_15_s,
+                          labels=LABELS),
+        GaugeMetricFamily("kombu_events_ladder_depth", "Messages waiting in a level of the delay ladder" + every_15_s,
+                          labels=["service", "level"]),
+        GaugeMetricFamily("kombu_events_archive_depth", "Messages in the archive" + every_15_s, labels=["service"]),
+        GaugeMetricFamily("kombu_events_circuit_state", "1 for the state a handler's circuit breaker is in.",
+                          labels=[*LABELS, "state"]),
+    )

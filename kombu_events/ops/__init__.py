@@ -1,0 +1,1 @@
+"""What operators run against the broker: archive, migrate, status and health inspection, the topology drawing."""

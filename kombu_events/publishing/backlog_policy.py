@@ -1,0 +1,96 @@
+"""Publishing with a local backlog, decided: publish now or store locally; what a flush settled (pure)."""
+from __future__ import annotations
+
+__all__ = ["Published", "PUBLISH", "STORE", "route", "storable", "BatchResult", "settle_batch"]
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import BacklogFullError, BrokerUnavailableError, ConfirmTimeoutError, UnroutableError
+
+PUBLISH = "publish"
+STORE = "store"
+
+
+class Published(str):
+    """The ``message_id`` of an event ``publish`` accepted; ``stored_locally`` says where it is.
+
+    False: the broker confirmed it. True: it waits in the local backlog and the flusher
+    publishes it, in order, once the broker answers. It is a ``str`` (the message id),
+    so code that stores or compares the id keeps working.
+    """
+
+    stored_locally: bool
+
+    def __new__(cls, message_id: str, *, stored_locally: bool = False) -> Published:
+        published = super().__new__(cls, message_id)
+        published.stored_locally = stored_locally
+        return published
+
+    @property
+    def message_id(self) -> str:
+        """The id as a plain ``str``."""
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Published({self.message_id!r}, stored_locally={self.stored_locally})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _published, (self.message_id, self.stored_locally)
+
+
+def _published(message_id: str, stored_locally: bool) -> Published:
+    return Published(message_id, stored_locally=stored_locally)
+
+
+def route(*, circuit_closed: bool, backlog_pending: bool) -> str:
+    """:data:`PUBLISH` only while every circuit is closed and nothing waits in the backlog.
+
+    An event never overtakes one stored before it: while the backlog holds events,
+    new ones join its end (the flusher sends them in order).
+    """
+    return PUBLISH if circuit_closed and not backlog_pending else STORE
+
+
+def storable(error: BaseException) -> bool:
+    """Whether a failed publish goes to the backlog: the broker was unreachable or did not confirm in time.
+
+    Everything else is the caller's to see: unroutable (no queue bound), nacked,
+    a missing exchange, a full backlog.
+    """
+    if isinstance(error, BacklogFullError):
+        return False
+    return isinstance(error, (BrokerUnavailableError, ConfirmTimeoutError))
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What to do with the rows of one flushed batch, each named by its sequence number."""
+
+    #: Confirmed by the broker: delete them.
+    confirmed: tuple[int, ...] = ()
+    #: Returned unroutable: set them aside with the reason (kept, never retried on their own).
+    rejected: tuple[tuple[int, str], ...] = ()
+    #: Not confirmed: they stay, and are sent again by a later flush.
+    kept: tuple[int, ...] = ()
+    #: The first failure that was not "unroutable": stop flushing for now.
+    error: Exception | None = None
+
+
+def settle_batch(seqs: Sequence[int], results: Sequence[Exception | None]) -> BatchResult:
+    """Turn the broker's answer for each row of a batch (None: confirmed) into a :class:`BatchResult`."""
+    if len(seqs) != len(results):
+        raise ValueError(f"{len(seqs)} rows but {len(results)} results")
+    confirmed: list[int] = []
+    rejected: list[tuple[int, str]] = []
+    kept: list[int] = []
+    error: Exception | None = None
+    for seq, result in zip(seqs, results):
+        if result is None:
+            confirmed.append(seq)
+        elif isinstance(result, UnroutableError):
+            rejected.append((seq, str(result)))
+        else:
+            kept.append(seq)
+            error = error or result
+    return BatchResult(tuple(confirmed), tuple(rejected), tuple(kept), error)

@@ -1,0 +1,3 @@
+"""Inside a Celery worker: the bootstep, the consumer glue, the pool runner, screening
+and announcing, Celery task-queue checks.
+"""

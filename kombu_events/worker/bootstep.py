@@ -1,0 +1,164 @@
+"""The Celery consumer bootstep behind ``celery worker --with-events-step [--events-metrics-port PORT]``."""
+from __future__ import annotations
+
+__all__ = ["EventsStep", "install", "OPTION", "METRICS_OPTION"]
+
+import logging
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import click
+from celery import bootsteps
+
+from .. import registry
+from ..broker import lenient_amqp as wire_guard
+from ..core.config import resolve_metrics_settings
+from ..errors import ConfigurationError
+from ..integrations import sentry
+from . import task_queues
+from .consumer import ServiceConsumer
+
+_no_exporter = ""  # why the exporter cannot be imported
+try:  # prometheus_client is an extra: kombu-events[prometheus]
+    from ..integrations import exporter
+except ImportError as exc:
+    exporter = None  # type: ignore[assignment]
+    _no_exporter = str(exc)
+
+logger = logging.getLogger(__name__)
+
+OPTION = "--with-events-step"
+METRICS_OPTION = "--events-metrics-port"
+
+
+class EventsStep(bootsteps.StartStopStep):
+    """Attach event consumers to the worker's connection; inert without ``--with-events-step``."""
+
+    requires = ("celery.worker.consumer.connection:Connection",)
+    name = "kombu_events.worker.bootstep.EventsStep"
+
+    def __init__(self, parent: Any, with_events_step: bool = False, events_metrics_port: int | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.enabled = bool(with_events_step)
+        self.consumers: list[ServiceConsumer] = []
+        self._sentry = False
+        self.exporter: Any = None
+        if not self.enabled and events_metrics_port is not None:
+            logger.warning("kombu-events: %s ignored without %s", METRICS_OPTION, OPTION)
+        if self.enabled:
+            # Resolving here, before the pool forks, validates every setting at start-up, and
+            # forked pool processes inherit the routes ready-made.
+            services = registry.resolve(parent.app)
+            if not services:
+                logger.warning("kombu-events: %s given but app %s registers no Events", OPTION, parent.app.main)
+            task_queues.check_task_queues(parent.app, services)  # quorum events need quorum task queues
+            wire_guard.install()  # a message py-amqp cannot decode must not end the worker
+            _retry_channel_errors(parent.app)
+            self._sentry = sentry.install()  # handler errors reach Sentry once the app initialised sentry_sdk
+            self.exporter = _serve_metrics(parent.app, services, events_metrics_port)
+            self.consumers = [ServiceConsumer(e) for e in services]
+
+    def include(self, parent: Any) -> bool:
+        """Include the step; with it on, Celery's delayed-delivery step (built by now) follows the connection."""
+        included: bool = super().include(parent)
+        if self.enabled:
+            task_queues.follow_connection(parent)
+        return included
+
+    def start(self, c: Any) -> None:
+        """Declare each service's topology and start its consumers.
+
+        An exception goes on to Celery, named by service here: a connection error makes
+        it reconnect and start the step again, any other error stops the worker.
+        """
+        for consumer in self.consumers:
+            with _naming("starting", consumer):
+                consumer.start(c.connection, c.pool, c.hub, call_soon=getattr(c, "call_soon", None))
+
+    def register_with_event_loop(self, c: Any, hub: Any) -> None:
+        """Start receiving: the pool is ready to take work only from here on (errors as for :meth:`start`)."""
+        for consumer in self.consumers:
+            with _naming("starting to consume", consumer):
+                consumer.consume()
+
+    def stop(self, c: Any) -> None:
+        """Stop receiving (handlers still running may ack); a service that fails to stop leaves the others to stop."""
+        for consumer in self.consumers:
+            _logged(consumer.stop, "stopping", consumer)
+
+    def shutdown(self, c: Any) -> None:
+        """Close the step's channels."""
+        for consumer in self.consumers:
+            _logged(consumer.shutdown, "shutting down", consumer)
+        if self._sentry:  # a worker in a test's thread ends; the process goes on
+            sentry.uninstall()
+            self._sentry = False
+        if self.exporter is not None:
+            self.exporter.close()
+            self.exporter = None
+
+
+@contextmanager
+def _naming(what: str, consumer: ServiceConsumer) -> Iterator[None]:
+    """Say which service an error came from, and let it go on to Celery."""
+    try:
+        yield
+    except Exception as exc:
+        logger.error("kombu-events: %s service %s failed: %s: %s", what, consumer.settings.service,
+                     type(exc).__name__, exc)
+        raise
+
+
+def _logged(action: Callable[[], Any], what: str, consumer: ServiceConsumer) -> None:
+    """``action()``; an exception is logged with its service (Celery stops or restarts the step regardless)."""
+    try:
+        action()
+    except Exception:
+        logger.exception("kombu-events: %s service %s failed; going on with the others", what,
+                         consumer.settings.service)
+
+
+def _retry_channel_errors(app: Any) -> None:
+    """Reconnect on a channel error at start-up too (Celery's ``broker_channel_error_retry``), unless the app chose.
+
+    After a connection that went silent, the broker keeps the old connection until its
+    heartbeat times out, and with it Celery's exclusive remote-control queue: declaring
+    that queue again fails with RESOURCE_LOCKED, a channel error, which by default ends
+    the worker. Retrying reconnects once the broker has let the old connection go.
+    """
+    key = "broker_channel_error_retry"
+    maps = getattr(app.conf, "maps", [])
+    if any(key in layer for layer in maps[:-1]):  # set by the app (the last layer is Celery's defaults)
+        return
+    app.conf[key] = True
+    logger.debug("kombu-events: %s set to True (the app left it unset)", key)
+
+
+def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:
+    """The metrics endpoint when a port is set (flag, else ``kombu_events_metrics_port``), else None.
+
+    Served from here, before the pool forks: a port that cannot be bound stops the
+    worker at start-up, and /healthz answers (503) until the event loop turns.
+    """
+    settings = resolve_metrics_settings(app.conf, port=port)
+    if settings.port is None:
+        return None
+    if exporter is None:
+        raise ConfigurationError(f"{METRICS_OPTION} / kombu_events_metrics_port need prometheus_client: "
+                                 f"pip install 'kombu-events[prometheus]' ({_no_exporter})")
+    return exporter.serve_worker(services, settings)
+
+
+def install(app: Any) -> None:
+    """Register the step and the ``--with-events-step`` worker option on ``app`` (once)."""
+    if EventsStep not in app.steps["consumer"]:
+        app.steps["consumer"].add(EventsStep)
+    options = app.user_options["worker"]
+    if not any(OPTION in getattr(o, "opts", ()) for o in options):
+        options.add(click.Option([OPTION], is_flag=True, default=False,
+                                 help="Consume kombu-events handler queues in this worker."))
+    if not any(METRICS_OPTION in getattr(o, "opts", ()) for o in options):
+        options.add(click.Option([METRICS_OPTION], type=click.IntRange(1, 65_535), default=None,
+                                 help="Serve Prometheus /metrics and /healthz on this port "
+                                      "(kombu-events[prometheus]; host: kombu_events_metrics_host)."))

@@ -1,0 +1,410 @@
+"""Consume one service's handler queues inside a worker; hand messages to the pool; carry out plans.
+
+Glue, on the worker's event loop: :func:`~kombu_events.core.delivery.read_delivery` reads a
+message, the pool runs its handler, :func:`~kombu_events.core.settlement.plan` decides, and
+:meth:`ServiceConsumer._execute` carries the plan out. A republish (retry, requeue,
+archive) is confirmed before the original is acked, so a crash in between
+duplicates, never loses.
+
+Every method that kombu, py-amqp, the pool or the hub calls logs what went wrong and
+returns: an exception escaping into Celery's event loop ends the worker. An effect
+on the connection asked for from inside one of them (a breaker pausing a queue from
+a ``settled`` hook, which runs inside a confirm) goes to a mailbox, drained on the
+event loop once the callback has returned (see :meth:`ServiceConsumer.call_soon_threadsafe`).
+"""
+from __future__ import annotations
+
+__all__ = ["ServiceConsumer"]
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from functools import partial
+from typing import Any, Callable
+
+from amqp import Message
+from kombu import Consumer
+
+from ..broker.confirms import Confirmer
+from ..broker.declare import declare
+from ..broker.waits import BrokerSilent, answer_within
+from ..core import decision
+from ..core.delivery import Delivery, read_delivery
+from ..core.settlement import Ack, Republish, Step, plan
+from ..middleware.control import Control
+from ..registry import Route
+from . import runner
+from .screening import announce, screen
+
+logger = logging.getLogger(__name__)
+
+#: How often the event loop looks for a channel of ours that the broker closed.
+CHANNEL_CHECK_S = 5.0
+
+
+class ServiceConsumer:
+    """The consumers of one :class:`~kombu_events.Events` service on a worker connection."""
+
+    def __init__(self, events: Any) -> None:
+        self.events = events
+        self.settings = events.settings
+        self.routes: tuple[Route, ...] = tuple(events.routes())  # resolving validates: bad config fails at start-up
+        self.hooks = events.hooks
+        self.topology = events.topology()
+        self._queues = {q.name: q for q in self.topology.handler_queues}
+        #: Handlers with a prefetch of their own (e.g. 1 for a periodic schedule's token queue).
+        self._prefetch = {r.handler.queue: r.handler.prefetch for r in self.routes if r.handler.prefetch is not None}
+        self.prefetch_count: int = events.prefetch_count
+        #: Pause/resume and timers for middleware (the same object across reconnects).
+        self.control = Control(self.settings.service, tuple(r.handler.queue for r in self.routes), self)
+        self._consumers: dict[str, Consumer] = {}
+        self._active: set[str] = set()
+        self._started = False
+        self._connection: Any = None
+        self._channels: list[Any] = []
+        self._confirmer: Confirmer | None = None
+        self._pool: Any = None
+        self._hub: Any = None
+        self._userid: str | None = None
+        self._loop_ident = threading.get_ident()
+        self._mailbox: deque[Callable[[], Any]] = deque()
+        self._wake: tuple[int, int] | None = None
+        #: Whether the mailbox is being run (an item's wait on the broker may dispatch callbacks that queue more).
+        self._draining = False
+        #: Without an event loop: Celery's consumer.call_soon, run between two reads of its blocking loop.
+        self._celery_call_soon: Callable[[Callable[[], Any]], Any] | None = None
+        self._drain_asked = False
+        self._channel_check: Any = None
+
+    # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
+
+    def start(self, connection: Any, pool: Any, hub: Any,
+              call_soon: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+        """Declare the topology and start consuming on fresh channels of ``connection``.
+
+        ``call_soon`` (Celery's ``Consumer.call_soon``) runs a callable between two reads of
+        the blocking loop that workers without an event loop (gevent, eventlet) run.
+        """
+        self._close_channels()
+        declare(self.topology, connection)
+        self._pool, self._hub, self._connection = pool, hub, connection
+        self._celery_call_soon = call_soon if hub is None else None
+        self._userid = getattr(connection, "userid", None)
+        self._loop_ident = threading.get_ident()
+        channel = connection.channel()
+        channel.auto_decode = False  # handlers get the body bytes as published, never a str
+        channel.message_to_python = partial(_as_published, channel)
+        channel.basic_qos(0, self.prefetch_count, False)
+        publish_channel = connection.channel()
+        self._confirmer = Confirmer(publish_channel, check_frame_size=True)
+        self._channels = [channel, publish_channel]
+        self._consumers = {
+            r.handler.queue: Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False,
+                                      auto_declare=False, on_message=partial(self._on_message, r),
+                                      on_decode_error=partial(self._on_decode_error, r))
+            for r in self.routes
+        }
+        self._active = set()
+        if hub is None:
+            self.consume()  # no event loop (synloop): nothing else will call consume()
+
+    def consume(self) -> None:
+        """Start receiving; with an event loop only once the pool is registered with it."""
+        if self._hub is not None:
+            if self._wake is None:
+                self._wake = os.pipe()
+                os.set_blocking(self._wake[0], False)
+                os.set_blocking(self._wake[1], False)
+            self._hub.add_reader(self._wake[0], self._drain_mailbox)
+            self._channel_check = self._hub.call_repeatedly(CHANNEL_CHECK_S, self._check_channels)
+        self._started = True
+        self.control.attach(self._connection, self._hub)
+        if self.hooks.on_started:
+            self.hooks.started(self.control)  # what it pauses or resumes is queued, and carried out
+        self._drain_mailbox()  # here, before any consumer starts: a queue paused at start never gets one
+        for queue in list(self._consumers):
+            if queue not in self._active and not self.control.is_paused(queue):
+                self._subscribe(queue, None)
+        logger.info("kombu-events: service %s consuming %s", self.settings.service,
+                    ", ".join(sorted(self._active)) or "nothing (every queue is paused)")
+
+    def stop(self) -> None:
+        """Stop receiving; keep channels so handlers still running can ack."""
+        try:
+            for queue, consumer in self._consumers.items():
+                self._call(f"cancelling the consumer of {queue}", consumer.cancel)
+        except BrokerSilent as exc:  # Celery is stopping the step already: it reconnects or ends
+            logger.info("%s", exc)
+        self._consumers = {}
+        self._active = set()
+        if self._channel_check is not None:
+            _quietly(self._channel_check.cancel)
+            self._channel_check = None
+        if self._started:
+            self._started = False
+            self.control.detach()
+            if self.hooks.on_stopped:
+                self.hooks.stopped(self.control)
+
+    # -- the Control's side (on the event loop) -------------------------------------------------
+
+    def pause_queue(self, queue: str) -> None:
+        """Cancel ``queue``'s consumer; prefetched messages are still handled and settled."""
+        consumer = self._consumers.get(queue)
+        if consumer is not None and queue in self._active:
+            self._active.discard(queue)
+            self._call(f"cancelling the consumer of {queue}", consumer.cancel)
+
+    def resume_queue(self, queue: str, prefetch: int | None) -> None:
+        """Consume ``queue`` again (once the step runs), with ``prefetch`` messages in flight if given."""
+        consumer = self._consumers.get(queue)
+        if consumer is None or not self._started:
+            return  # not consuming now: consume() starts it, unless it is paused again by then
+        if queue in self._active:
+            if prefetch is None:
+                return  # a pause that never took effect: consuming already
+            self._call(f"cancelling the consumer of {queue}", consumer.cancel)
+        self._subscribe(queue, prefetch)
+
+    def _subscribe(self, queue: str, prefetch: int | None) -> None:
+        """Start ``queue``'s consumer with ``prefetch`` (else its handler's own, else the service's)."""
+        consumer = self._consumers[queue]
+        if prefetch is None:
+            prefetch = self._prefetch.get(queue)
+        channel: Any = consumer.channel
+        with answer_within(self._connection, doing=f"starting the consumer of {queue}"):
+            if prefetch is not None:
+                channel.basic_qos(0, prefetch, False)  # applies to consumers started from now on
+            consumer.consume()
+            self._active.add(queue)
+            if prefetch is not None:
+                channel.basic_qos(0, self.prefetch_count, False)
+
+    def _call(self, doing: str, fn: Callable[[], Any]) -> None:
+        """A synchronous call on the worker's connection, bounded; a channel that failed under us is logged.
+
+        A broker that does not answer in time raises BrokerSilent: Celery reconnects.
+        """
+        try:
+            with answer_within(self._connection, doing=doing):
+                fn()
+        except BrokerSilent:
+            raise
+        except Exception as exc:
+            logger.debug("kombu-events: %s failed: %s", doing, exc)
+
+    def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the event loop once the callback running now has returned; from any thread.
+
+        With an event loop, ``fn`` goes to the mailbox and a byte on the wake pipe makes
+        the hub drain it on its next turn -- outside any frame py-amqp is dispatching.
+        Without one (gevent, eventlet), Celery's ``call_soon`` drains it between two reads
+        of its blocking loop. Before either is set up (nothing is consumed yet) it runs now.
+        """
+        self._mailbox.append(fn)
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:
+                pass  # a wake-up byte is already pending
+        elif self._celery_call_soon is not None:
+            if not self._drain_asked:
+                self._drain_asked = True
+                self._celery_call_soon(self._drain_mailbox)
+        else:
+            self._drain_mailbox()  # no loop at all (not started yet, or a test): nothing else would run it
+
+    def _check_channels(self) -> None:
+        """Hub timer: a channel the broker closed (a refused consume, an ack it did not know) ends our
+        consuming for good, unseen by Celery; raise a connection error so that Celery reconnects."""
+        if self._started and any(not getattr(channel, "is_open", True) for channel in self._channels):
+            raise ConnectionError(f"kombu-events: a channel of service {self.settings.service} was closed "
+                                  f"by the broker; reconnecting to consume again")
+
+    def shutdown(self) -> None:
+        """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
+        self.stop()
+        self._drain_mailbox()  # thread-pool completions posted once the event loop had stopped
+        self._await_confirms(timeout_s=5.0)
+        self._close_channels()
+        if self._wake is not None:
+            if self._hub is not None:
+                _quietly(self._hub.remove, self._wake[0])
+            for fd in self._wake:
+                _quietly(os.close, fd)
+            self._wake = None
+
+    def _await_confirms(self, *, timeout_s: float) -> None:
+        confirmer = self._confirmer
+        deadline = time.monotonic() + timeout_s
+        while confirmer is not None and confirmer.pending and time.monotonic() < deadline:
+            try:
+                confirmer.channel.connection.drain_events(timeout=0.2)
+            except socket.timeout:
+                continue
+            except Exception as exc:  # connection gone: unconfirmed originals are redelivered
+                logger.debug("kombu-events: stopped waiting for confirms: %s", exc)
+                return
+
+    def _close_channels(self) -> None:
+        # Pending confirms die with their channel; their originals are redelivered.
+        self._confirmer = None
+        try:
+            for channel in self._channels:
+                self._call("closing a channel", channel.close)
+        except BrokerSilent as exc:  # the connection is lost: its channels go with it
+            logger.info("%s", exc)
+        self._channels = []
+
+    # -- receiving ----------------------------------------------------------------------------
+
+    def _on_message(self, route: Route, message: Any) -> None:
+        """kombu callback on the event loop: nothing a publisher sends may raise out of here."""
+        try:
+            self._receive(route, message)
+        except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
+            logger.exception("kombu-events: could not take message %r from %s; left unacked",
+                             _message_id(message), route.handler.queue)
+
+    def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
+        """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
+        logger.debug("kombu-events: kombu reported %r for a message of %s", exc, route.handler.queue)
+        self._on_message(route, message)
+
+    def _receive(self, route: Route, message: Any) -> None:
+        handler = route.handler
+        delivery = read_delivery(handler.queue, message.body, message.properties, message.delivery_info,
+                                 received=time.monotonic())
+        outcome = screen(delivery, self.hooks)  # received hooks; unreadable, redelivered, or refused by middleware
+        if outcome is not None:
+            self._settle(route, delivery, message, outcome)
+            return
+        meta = (delivery.routing_key, delivery.attempt, delivery.headers, delivery.properties)
+        done = partial(self._post, route, delivery, message)
+        try:
+            self._pool.apply_async(runner.run, (handler.queue, delivery.body, delivery.content_type,
+                                                delivery.content_encoding, meta,
+                                                decision.is_final(delivery.attempt, handler.max_retries)),
+                                   callback=done, error_callback=done)
+        except Exception as exc:  # e.g. headers nested too deep to pickle for a prefork child
+            what = decision.describe(exc)
+            self._settle(route, delivery, message,
+                         decision.Outcome(decision.UNDECODABLE, f"cannot be handed to the pool: {what}", what))
+
+    def _post(self, *item: Any) -> None:
+        """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
+        if self._wake is None or threading.get_ident() == self._loop_ident:
+            self._settle(*item)  # the common case, without building a callable per message
+        else:
+            try:
+                self.call_soon_threadsafe(partial(self._settle, *item))
+            except Exception:  # e.g. the wake pipe closed at shutdown: the message stays unacked
+                logger.exception("kombu-events: could not hand a result back to the event loop; left unacked")
+
+    def _drain_mailbox(self, *_: Any) -> None:
+        """Run what was queued for the loop, one by one; what they queue in turn runs in this same pass."""
+        if self._draining:
+            return  # an item of this pass is waiting on the broker: the pass runs what was queued meanwhile
+        self._drain_asked = False
+        self._draining = True
+        try:
+            try:
+                while self._wake is not None and os.read(self._wake[0], 4096):
+                    pass
+            except OSError:
+                pass
+            while self._mailbox:
+                fn = self._mailbox.popleft()
+                try:
+                    fn()
+                except BrokerSilent:
+                    raise  # Celery's loop takes it as a lost connection and reconnects; the rest waits for then
+                except Exception:
+                    logger.exception("kombu-events: %s, queued for the event loop of service %s, failed; skipped",
+                                     getattr(fn, "__qualname__", fn), self.settings.service)
+        finally:
+            self._draining = False
+
+    # -- carrying out the plan -----------------------------------------------------------------
+
+    def _settle(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
+        try:
+            outcome = result if isinstance(result, decision.Outcome) else \
+                decision.lost(result, traceback_limit=self.settings.traceback_limit)
+            step = plan(delivery, outcome, max_retries=route.handler.max_retries, backoff=route.handler.backoff,
+                        topology=self.topology, userid=self._userid)
+            self._execute(route, delivery, message, outcome, step)
+        except Exception:  # never let one message break the event loop; it stays unacked
+            logger.exception("kombu-events: could not settle message %r from %s; left unacked",
+                             delivery.message_id, delivery.queue)
+
+    def _execute(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome,
+                 step: Step) -> None:
+        """Carry out ``step``: ack; or republish and ack once confirmed (else its fallback); or hold."""
+        if isinstance(step, Republish):
+            confirmer = self._confirmer
+            if confirmer is None:
+                return  # channels are gone: the original is redelivered
+            # Both called by the Confirmer (which logs what they raise), inside py-amqp's frame dispatch.
+            on_ok = partial(self._ack, route, delivery, message, outcome, step)
+
+            def on_fail(why: str) -> None:
+                self._execute(route, delivery, message, outcome, step.if_refused(why))
+
+            try:
+                confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,
+                                  on_ok, on_fail)
+            except Exception as exc:  # not sent (connection lost, frame too large, unencodable header)
+                on_fail(f"publish raised {type(exc).__name__}: {exc}")
+        elif isinstance(step, Ack):
+            self._ack(route, delivery, message, outcome, step)
+        else:
+            self._settled(route, delivery, outcome, step)
+
+    def _ack(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome, step: Step) -> None:
+        if _quietly(message.ack):
+            self._settled(route, delivery, outcome, step)
+
+    def _settled(self, route: Route, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
+        """One log line, the ``message_settled`` signal and the middleware's ``settled`` hook."""
+        announce(route.handler.fn, self.hooks, delivery, outcome, step)
+
+
+def _as_published(channel: Any, raw: Any) -> Any:
+    """kombu's message for ``raw``, without kombu's own decompression: the body stays as published.
+
+    kombu inflates a body whose ``compression`` header it knows, and raises from inside
+    its consumer for one it does not; an event keeps its bytes (a retry republishes
+    exactly what arrived), and the runner decompresses for the handler.
+    """
+    headers = raw.properties.get("application_headers")
+    if not isinstance(headers, dict) or headers.get("compression") is None:
+        return channel.Message(raw, channel=channel)
+    items = list(headers.items())
+    del headers["compression"]  # hidden from kombu while it builds its message, then put back in place
+    try:
+        return channel.Message(raw, channel=channel)
+    finally:
+        headers.clear()
+        headers.update(items)
+
+
+def _message_id(message: Any) -> Any:
+    """The message id of a message that may be broken in any way, for a log line."""
+    try:
+        return message.properties.get("message_id")
+    except Exception:
+        return None
+
+
+def _quietly(fn: Any, *args: Any) -> bool:
+    """Call ``fn``; log and swallow errors of a channel that closed under us."""
+    try:
+        fn(*args)
+        return True
+    except Exception as exc:
+        logger.debug("kombu-events: %s failed: %s", getattr(fn, "__name__", fn), exc)
+        return False
