@@ -30,7 +30,7 @@ from .ops.health import missing_exchanges, problems
 from .ops.status import PAUSED, gather
 from .periodic.runner import now_ms, peek_state
 from .publishing.backlog import Backlog
-from .publishing.buffered import Outbox
+from .publishing.buffered import BacklogPublisher
 from .publishing.checks import broker_check
 from .publishing.circuits import Guard
 from .publishing.publisher import Publisher, addressed, build_message
@@ -335,18 +335,18 @@ def backlog() -> None:
     """The local backlog of events published while the broker was away (Events(..., backlog=PATH))."""
 
 
-def _outbox(obj: Context, path: str | None) -> Outbox:
-    """The app's outbox (its hooks see flushed events), or one over ``--path`` publishing to ``--broker``."""
+def _backlog_publisher(obj: Context, path: str | None) -> BacklogPublisher:
+    """The app's backlog publisher (its hooks see flushed events), or one over ``--path`` publishing to ``--broker``."""
     if path is None:
-        if obj.events.outbox is None:
+        if obj.events.backlog_publisher is None:
             raise KombuEventsError(f"service {obj.events.service!r} has no backlog (Events(..., backlog=PATH)); "
                                    "or name the file with --path")
-        return obj.events.outbox
+        return obj.events.backlog_publisher
     if not os.path.exists(path):
         raise KombuEventsError(f"no backlog at {path!r}")
     url = obj.url if obj.app_name else broker_url(None, obj.broker)
     publisher = Publisher(url)
-    return Outbox(Backlog(path), lambda: publisher, Guard([broker_check(url)]))
+    return BacklogPublisher(Backlog(path), lambda: publisher, Guard([broker_check(url)]))
 
 
 @backlog.command("status")
@@ -359,7 +359,7 @@ def _outbox(obj: Context, path: str | None) -> Outbox:
 def backlog_status(obj: Context, path: str | None, as_json: bool, max_depth: int | None,
                    max_age: float | None) -> None:
     """How many events wait, and for how long (no broker needed)."""
-    found = _outbox(obj, path).backlog.status()
+    found = _backlog_publisher(obj, path).backlog.status()
     age = found.age_s(time.time())
     if as_json:
         click.echo(json.dumps(found.as_dict(time.time()), indent=2))
@@ -384,11 +384,11 @@ def backlog_status(obj: Context, path: str | None, as_json: bool, max_depth: int
 @_guarded
 def backlog_flush(obj: Context, path: str | None, timeout: float | None, retry_rejected: bool) -> None:
     """Publish waiting events in order, confirmed; delete each once confirmed (one flusher at a time)."""
-    outbox = _outbox(obj, path)
+    publisher = _backlog_publisher(obj, path)
     if retry_rejected:
-        click.echo(f"{outbox.backlog.retry_rejected()} set-aside event(s) back in line", err=True)
-    report = outbox.flush(timeout_s=timeout)
-    left = outbox.backlog.status()
+        click.echo(f"{publisher.backlog.retry_rejected()} set-aside event(s) back in line", err=True)
+    report = publisher.flush(timeout_s=timeout)
+    left = publisher.backlog.status()
     click.echo(f"published {report.published}, set aside {report.rejected} (unroutable), {left.depth} waiting")
     if report.error is not None:
         raise KombuEventsError(f"flush stopped: {report.error}")
@@ -449,7 +449,7 @@ def migrate(obj: Context, to: str, dry_run: bool) -> None:
     queues = list(topology.queues)
     with obj.connection() as conn:
         states = migrate_ops.observe(conn, queues)
-        steps = migrate_ops.plan(queues, states)
+        steps = migrate_ops.migration_steps(queues, states)
         if not steps:
             click.echo(f"every queue of service {events.service} is already declared as {to}: nothing to do")
         else:

@@ -38,7 +38,7 @@ from .middleware.breakers import Breakers
 from .periodic.runner import ScheduleRunner, Seeder, StateStore
 from .publishing.backlog import Backlog, open_backlog
 from .publishing.backlog_policy import Published
-from .publishing.buffered import STORED, Outbox
+from .publishing.buffered import STORED, BacklogPublisher
 from .publishing.checks import PublisherCheck, as_check, broker_check
 from .publishing.circuits import Guard, publisher_policy
 from .publishing.publisher import Publisher, addressed, build_message
@@ -79,8 +79,8 @@ class Events:
         self.backlog = open_backlog(backlog)
         self._health_checks = tuple(as_check(c) for c in health_checks)
         self._publisher_circuit = publisher_policy(publisher_circuit, self.backlog is not None, self._health_checks)
-        self._outbox: Outbox | None = None
-        self._outbox_lock = threading.Lock()
+        self._backlog_publisher: BacklogPublisher | None = None
+        self._backlog_publisher_lock = threading.Lock()
         self.app = app
         self.service = service
         # In a Django project the built-in middleware that tidies database connections around handlers
@@ -364,15 +364,15 @@ class Events:
         self._publisher = publisher
 
     @property
-    def outbox(self) -> Outbox | None:
+    def backlog_publisher(self) -> BacklogPublisher | None:
         """The backlog's publisher, circuits and flusher (None without ``backlog=``)."""
         if self.backlog is None:
             return None
-        with self._outbox_lock:  # one per Events, even when threads publish their first events at once
-            if self._outbox is None:
+        with self._backlog_publisher_lock:  # one per Events, even when threads publish their first events at once
+            if self._backlog_publisher is None:
                 guard = Guard([broker_check(self.broker_url), *self._health_checks], self._publisher_circuit)
-                self._outbox = Outbox(self.backlog, lambda: self.publisher, guard, on_flushed=self._flushed)
-        return self._outbox
+                self._backlog_publisher = BacklogPublisher(self.backlog, lambda: self.publisher, guard, on_flushed=self._flushed)
+        return self._backlog_publisher
 
     def publish(
         self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,
@@ -410,8 +410,8 @@ class Events:
 
     def _send(self, exchange: str, routing_key: str, message: Any) -> Published:
         self._before_publish(exchange, routing_key, message)
-        if self.outbox is not None:
-            return self._through_outbox([(exchange, routing_key, message)])[0]
+        if self.backlog_publisher is not None:
+            return self._through_backlog([(exchange, routing_key, message)])[0]
         try:
             self.publisher.publish(exchange, routing_key, message)
         except KombuEventsError as exc:
@@ -435,7 +435,7 @@ class Events:
             items.append(self._prepared(routing_key, payload, delay))
         for exchange, routing_key, message in items:
             self._before_publish(exchange, routing_key, message)
-        return self._through_outbox(items) if self.outbox is not None else self._publish_many(items)
+        return self._through_backlog(items) if self.backlog_publisher is not None else self._publish_many(items)
 
     def _publish_many(self, items: list[tuple[str, str, Any]]) -> list[Published]:
         """Without a backlog: confirmed, or the first error raised (after every hook ran)."""
@@ -450,10 +450,10 @@ class Events:
             raise failed[0]
         return [Published(m.properties["message_id"]) for _x, _k, m in items]
 
-    def _through_outbox(self, items: list[tuple[str, str, Any]]) -> list[Published]:
+    def _through_backlog(self, items: list[tuple[str, str, Any]]) -> list[Published]:
         """With a backlog: confirmed, stored locally, or the first error raised (after every hook ran)."""
-        assert self._outbox is not None, "only called once self.outbox built it"
-        outcomes = self._outbox.send(items)
+        assert self._backlog_publisher is not None, "only called once self.backlog_publisher built it"
+        outcomes = self._backlog_publisher.publish_or_store(items)
         for (exchange, routing_key, message), outcome in zip(items, outcomes):
             if outcome == STORED:
                 self._after_store(exchange, routing_key, message)

@@ -5,13 +5,13 @@ since the epoch; the origin is ``start``, else the epoch itself, so an hourly
 schedule runs on the hour). A **token** (one JSON message circulating through the
 service's delay ladder) is only an alarm clock; the **state** (one message in the
 schedule's state queue) says which period ran last and which token was published
-next. :func:`decide` turns (token, state, now) into one :class:`Decision`; the
+next. :func:`action_for` turns (token, state, now) into one :class:`TokenAction`; the
 worker carries it out (:mod:`kombu_events.periodic.runner`). docs/scheduling.md gives the
 argument for each rule.
 """
 from __future__ import annotations
 
-__all__ = ["Schedule", "Token", "State", "Begin", "Stale", "Later", "Run", "Advance", "Decision", "decide",
+__all__ = ["Schedule", "Token", "State", "Begin", "Stale", "Later", "Run", "Advance", "TokenAction", "action_for",
            "next_token", "make_schedule", "summary", "CATCH_UP", "MISSED_SHOWN", "DEFAULT_RETIRE_AFTER_MS", "iso"]
 
 from dataclasses import dataclass, field
@@ -173,7 +173,7 @@ class Advance:
     last_run: int
 
 
-Decision = Union[Begin, Stale, Later, Run, Advance]
+TokenAction = Union[Begin, Stale, Later, Run, Advance]
 
 
 def iso(when_ms: int | None) -> str | None:
@@ -198,7 +198,7 @@ def _effective(schedule: Schedule, state: State | None) -> tuple[int | None, int
     return schedule.first_after(state.last_due_ms) - 1, None
 
 
-def decide(schedule: Schedule, token: Token, state: State | None, now_ms: int) -> Decision:
+def action_for(schedule: Schedule, token: Token, state: State | None, now_ms: int) -> TokenAction:
     """What the arrival of ``token`` at ``now_ms`` means, given the schedule's ``state``."""
     if token.signature != schedule.signature:
         return Stale("token of an earlier timing of the schedule")

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from kombu import Connection
 
-from .preflight import Probe, Verdict, after_start, decide
+from .preflight import Probe, Verdict, after_start, verdict_for
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ START_TIMEOUT_S = 60.0
 def ready(url: str, say: Callable[[str], None]) -> bool:
     """True when the demo can run on ``url`` (after starting RabbitMQ if it may); else one line on stderr."""
     server = find_server()
-    verdict = decide(probe(url), url=url, server=server)
+    verdict = verdict_for(probe(url), url=url, server=server)
     if verdict.action == "start" and server is not None:
         say(verdict.line)
         verdict = start(server, url)

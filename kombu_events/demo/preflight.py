@@ -1,7 +1,7 @@
 """What the demo does about its broker before it starts a worker (pure: no socket, no process)."""
 from __future__ import annotations
 
-__all__ = ["Probe", "Verdict", "decide", "after_start", "is_local_default", "PREFIX"]
+__all__ = ["Probe", "Verdict", "verdict_for", "after_start", "is_local_default", "PREFIX"]
 
 import logging
 from typing import NamedTuple
@@ -38,7 +38,7 @@ def is_local_default(url: str) -> bool:
     return _host(url) in LOCAL_HOSTS and _port(url) == DEFAULT_PORT
 
 
-def decide(probe: Probe, *, url: str, server: str | None) -> Verdict:
+def verdict_for(probe: Probe, *, url: str, server: str | None) -> Verdict:
     """From one probe of ``url`` and the path of ``rabbitmq-server`` (None: not installed), what to do."""
     shown, error = safe_url(url), _one_line(probe.error)
     if probe.ok:

@@ -15,12 +15,12 @@ confirms and acks the original only once the copy is confirmed: a crash duplicat
 most the messages in flight and never loses one. Every step is decided from what the
 broker holds, so a run that died anywhere is finished by running the command again.
 
-:func:`plan` is pure: it turns the queues' states into the steps; :func:`observe`
+:func:`migration_steps` is pure: it turns the queues' states into the steps; :func:`observe`
 reads the states and :func:`execute` carries the steps out.
 """
 from __future__ import annotations
 
-__all__ = ["QueueState", "Step", "plan", "observe", "execute", "holding_name", "MigrationError"]
+__all__ = ["QueueState", "Step", "migration_steps", "observe", "execute", "holding_name", "MigrationError"]
 
 import logging
 from dataclasses import dataclass
@@ -83,7 +83,7 @@ class Step:
         return f"{self.action} {self.queue}"
 
 
-def plan(queues: Sequence[Queue], states: Mapping[str, QueueState]) -> list[Step]:
+def migration_steps(queues: Sequence[Queue], states: Mapping[str, QueueState]) -> list[Step]:
     """The steps that bring every queue of ``queues`` (target declarations) to its target.
 
     ``states`` has each queue's state and its holding queue's (by name). Raises

@@ -3,7 +3,7 @@
 A schedule is a handler of its own token queue (``x-single-active-consumer``,
 prefetch 1: one token in flight in the whole fleet), so its runs happen in the
 worker's pool like any handler's. :class:`ScheduleRunner` is that handler: it peeks
-the state, lets :func:`kombu_events.core.schedule.decide` decide, runs the user's
+the state, lets :func:`kombu_events.core.schedule.action_for` action_for, runs the user's
 function, writes the state, publishes the next token through the service's delay
 ladder (confirmed), writes the state again, and returns: the consumer acks.
 :class:`Seeder` publishes a seed token per schedule each time the events step
@@ -32,14 +32,14 @@ from ..core.schedule import (
     MISSED_SHOWN,
     Advance,
     Begin,
-    Decision,
     Later,
     Run,
     Schedule,
     Stale,
     State,
     Token,
-    decide,
+    TokenAction,
+    action_for,
     iso,
     next_token,
 )
@@ -165,14 +165,14 @@ class ScheduleRunner:
             return
         store = self.events.schedule_store
         state = store.peek(self.schedule.state_queue)
-        decision: Decision = decide(self.schedule, token, state, now_ms())
+        decision: TokenAction = action_for(self.schedule, token, state, now_ms())
         if isinstance(decision, Begin):
             state = decision.state(self.schedule)
             store.write(self.schedule.state_queue, state)
-            decision = decide(self.schedule, token, state, now_ms())
+            decision = action_for(self.schedule, token, state, now_ms())
         self._carry_out(decision, state, event, store)
 
-    def _carry_out(self, decision: Decision, state: State | None, event: Event, store: StateStore) -> None:
+    def _carry_out(self, decision: TokenAction, state: State | None, event: Event, store: StateStore) -> None:
         s = self.schedule
         if isinstance(decision, Stale):
             logger.debug("kombu-events: schedule %s: stale token: %s", s.name, decision.reason)

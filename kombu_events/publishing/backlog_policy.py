@@ -1,7 +1,7 @@
 """Publishing with a local backlog, decided: publish now or store locally; what a flush settled (pure)."""
 from __future__ import annotations
 
-__all__ = ["Published", "PUBLISH", "STORE", "route", "storable", "BatchResult", "settle_batch"]
+__all__ = ["Published", "PUBLISH", "STORE", "publish_or_store", "storable", "BatchResult", "settle_batch"]
 
 from dataclasses import dataclass
 from typing import Sequence
@@ -43,7 +43,7 @@ def _published(message_id: str, stored_locally: bool) -> Published:
     return Published(message_id, stored_locally=stored_locally)
 
 
-def route(*, circuit_closed: bool, backlog_pending: bool) -> str:
+def publish_or_store(*, circuit_closed: bool, backlog_pending: bool) -> str:
     """:data:`PUBLISH` only while every circuit is closed and nothing waits in the backlog.
 
     An event never overtakes one stored before it: while the backlog holds events,

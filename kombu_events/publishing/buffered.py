@@ -1,6 +1,6 @@
 """Publishing with a backlog: to the broker while it answers, into the backlog while not; drained in order.
 
-:class:`Outbox` carries out what :mod:`kombu_events.publishing.backlog_policy` and
+:class:`BacklogPublisher` carries out what :mod:`kombu_events.publishing.backlog_policy` and
 :mod:`kombu_events.publishing.circuits` decide. Its daemon thread (one per process,
 started when events wait or checks are due) runs the health checks and flushes the
 backlog batch by batch, each under the backlog's flush lock: read the oldest rows,
@@ -10,7 +10,7 @@ a loss.
 """
 from __future__ import annotations
 
-__all__ = ["Outbox", "FlushReport", "STORED"]
+__all__ = ["BacklogPublisher", "FlushReport", "STORED"]
 
 import logging
 import os
@@ -23,14 +23,14 @@ from amqp import Message
 
 from ..errors import KombuEventsError, UnroutableError
 from .backlog import Backlog, Stored, encode_properties
-from .backlog_policy import PUBLISH, route, settle_batch, storable
+from .backlog_policy import PUBLISH, publish_or_store, settle_batch, storable
 from .checks import run_check
 from .circuits import Change, Guard
 from .publisher import Publisher
 
 logger = logging.getLogger(__name__)
 
-#: What :meth:`Outbox.send` returns for an event it stored in the backlog.
+#: What :meth:`BacklogPublisher.send` returns for an event it stored in the backlog.
 STORED = "stored"
 
 Item = tuple[str, str, Message]
@@ -48,7 +48,7 @@ class FlushReport:
     busy: bool = False  # another flusher holds the lock
 
 
-class Outbox:
+class BacklogPublisher:
     """The backlog, the circuits and the flusher of one :class:`~kombu_events.Events`."""
 
     def __init__(self, backlog: Backlog, publisher: Callable[[], Publisher], guard: Guard, *,
@@ -63,7 +63,7 @@ class Outbox:
 
     # -- publishing ------------------------------------------------------------------------------
 
-    def send(self, items: Sequence[Item]) -> list[Exception | str | None]:
+    def publish_or_store(self, items: Sequence[Item]) -> list[Exception | str | None]:
         """Per item: None (confirmed), :data:`STORED`, or the error the caller must see."""
         for _x, _k, message in items:
             encode_properties(message.properties)  # the same EncodeError whether the broker is up or not
@@ -71,7 +71,7 @@ class Outbox:
             self._start_if_wanted()
         with self._lock:
             closed = self.guard.closed()
-        if route(circuit_closed=closed, backlog_pending=closed and self.backlog.pending()) != PUBLISH:
+        if publish_or_store(circuit_closed=closed, backlog_pending=closed and self.backlog.pending()) != PUBLISH:
             return self._store(items)
         try:
             results: list[Exception | str | None] = list(self._publisher().publish_many(items))

@@ -15,7 +15,7 @@ This module needs pytest; :mod:`kombu_events.testing.stub` does not.
 """
 from __future__ import annotations
 
-__all__ = ["StubEvents", "Published", "Settled", "Pending", "LostCopy", "fails_fast", "temporary_vhost",
+__all__ = ["StubEvents", "SentMessage", "Settled", "Pending", "LostCopy", "fails_fast", "temporary_vhost",
            "running_worker", "broker_for_tests", "events_stub", "events_broker"]
 
 import base64
@@ -38,7 +38,7 @@ from ..core.logs import safe_text, safe_url
 from ..errors import BrokerUnavailableError, KombuEventsError
 from ..events import Events
 from ..publishing.publisher import Publisher
-from .records import Pending, Published, Settled, fails_fast
+from .records import Pending, SentMessage, Settled, fails_fast
 from .stub import LostCopy, StubEvents
 
 logger = logging.getLogger(__name__)

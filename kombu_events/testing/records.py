@@ -1,7 +1,7 @@
 """What the test stub records (published messages, settled deliveries, what waits), and what it re-raises."""
 from __future__ import annotations
 
-__all__ = ["Published", "Settled", "Pending", "fails_fast"]
+__all__ = ["SentMessage", "Settled", "Pending", "fails_fast"]
 
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -15,7 +15,7 @@ def _payload(body: bytes, properties: Mapping[str, Any]) -> Any:
     return decode(body, properties.get("content_type"), properties.get("content_encoding"), frozenset({JSON}))
 
 
-class Published(NamedTuple):
+class SentMessage(NamedTuple):
     """A message published to the stub: by ``stub.publish`` or by an ``Events.publish`` it stands in for."""
 
     exchange: str

@@ -40,7 +40,7 @@ from ..publishing.publisher import Publisher, build_message
 from ..worker import runner
 from ..worker.screening import announce, screen
 from .broker_model import BrokerModel, Lost, Routed
-from .records import Pending, Published, Settled, fails_fast
+from .records import Pending, SentMessage, Settled, fails_fast
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class StubEvents:
         self._broker: tuple[tuple[Topology, ...], BrokerModel] | None = None
         self._lost_seen = 0
         #: Every message published, in order.
-        self.published: list[Published] = []
+        self.published: list[SentMessage] = []
         #: Every settled delivery, in order (``acked``, ``retried``, ... are views of it).
         self.settled: list[Settled] = []
         #: Every copy the topology would drop on its way (join() and advance() raise for each).
@@ -198,7 +198,7 @@ class StubEvents:
         routed = self._model().publish(exchange, routing_key)
         event_exchange, event_key, delay_ms = self._undelayed(exchange, routing_key)
         queues = self._land(routed, event_key, body, properties)
-        self.published.append(Published(event_exchange, event_key, body, properties, queues, delay_ms))
+        self.published.append(SentMessage(event_exchange, event_key, body, properties, queues, delay_ms))
         if routed.entered or not mandatory:  # a delayed publish is taken into the ladder: returned never
             return None
         return UnroutableError(f"event {event_key!r} published to exchange {event_exchange!r} was not routed to any "

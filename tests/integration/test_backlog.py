@@ -80,8 +80,8 @@ def make_events(private_broker, tmp_path):
 
     yield make
     for events in made:
-        assert events.outbox is not None
-        events.outbox.stop()
+        assert events.backlog_publisher is not None
+        events.backlog_publisher.stop()
         events.publisher.close()
 
 
@@ -216,7 +216,7 @@ def test_an_open_circuit_stores_without_waiting_and_closes_once_the_broker_answe
     open_latencies = [t for _s, t in rest]
     assert statistics.median(open_latencies) < 0.05 and max(open_latencies) < first, (first, max(open_latencies))
     private_broker.start_app()
-    outbox = events.outbox
+    outbox = events.backlog_publisher
     assert outbox is not None
     wait_for(lambda: outbox.guard.closed() and events.backlog.status().depth == 0, timeout=30,
              what="the broker's health check passed, the circuit closed and the backlog drained")

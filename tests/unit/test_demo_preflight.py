@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kombu_events.demo import broker
-from kombu_events.demo.preflight import Probe, Verdict, after_start, decide, is_local_default
+from kombu_events.demo.preflight import Probe, Verdict, after_start, is_local_default, verdict_for
 
 LOCAL = "amqp://guest:s3cret@127.0.0.1:5672//"
 REFUSED = Probe(ok=False, down=True, error="[Errno 111] Connection refused")
@@ -30,11 +30,11 @@ def test_a_local_start_serves_only_the_default_local_url(url, local):
 
 
 def test_a_broker_that_answers_runs_the_demo():
-    assert decide(Probe(ok=True), url=LOCAL, server=None) == Verdict("run")
+    assert verdict_for(Probe(ok=True), url=LOCAL, server=None) == Verdict("run")
 
 
 def test_installed_but_stopped_on_the_default_local_url_starts_it():
-    verdict = decide(REFUSED, url=LOCAL, server=SERVER)
+    verdict = verdict_for(REFUSED, url=LOCAL, server=SERVER)
     assert verdict == Verdict("start", "kombu-events demo: RabbitMQ is installed but not running at "
                                        "amqp://guest:**@127.0.0.1:5672//: starting it "
                                        "(/usr/sbin/rabbitmq-server -detached)")
@@ -55,14 +55,14 @@ def test_installed_but_stopped_on_the_default_local_url_starts_it():
                  "amqp://u:**@h//): check RABBIT_URL (its user, password, vhost)", id="refused-login"),
 ])
 def test_every_other_case_fails_with_one_line_saying_what_to_do(probe, url, server, line):
-    verdict = decide(probe, url=url, server=server)
+    verdict = verdict_for(probe, url=url, server=server)
     assert verdict == Verdict("fail", "kombu-events demo: " + line)
     assert "\n" not in verdict.line and "s3cret" not in verdict.line
 
 
 def test_remote_brokers_are_never_started_nor_called_not_installed():
     for server in (None, SERVER):
-        verdict = decide(REFUSED, url="amqp://rabbit.example.com//", server=server)
+        verdict = verdict_for(REFUSED, url="amqp://rabbit.example.com//", server=server)
         assert verdict.action == "fail" and "installed" not in verdict.line
 
 

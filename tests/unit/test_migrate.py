@@ -1,18 +1,18 @@
-"""migrate.plan: the steps for every state a queue and its holding queue can be in (no broker)."""
+"""migrate.migration_steps: the steps for every state a queue and its holding queue can be in (no broker)."""
 from __future__ import annotations
 
 import pytest
 from kombu import Queue
 
 from kombu_events.core.headers import Undecoded
-from kombu_events.ops.migrate import MigrationError, QueueState, copy_properties, holding_name, plan
+from kombu_events.ops.migrate import MigrationError, QueueState, copy_properties, holding_name, migration_steps
 
 Q = Queue("billing.audit", durable=True, queue_arguments={"x-queue-type": "quorum"})
 HOLD = holding_name(Q.name)
 
 
 def steps(current: QueueState, holding: QueueState) -> list[tuple[str, str]]:
-    return [(s.action, s.queue) for s in plan([Q], {Q.name: current, HOLD: holding})]
+    return [(s.action, s.queue) for s in migration_steps([Q], {Q.name: current, HOLD: holding})]
 
 
 def state(name: str, exists: bool = True, matches: bool = False, messages: int = 0, consumers: int = 0):
@@ -31,7 +31,7 @@ def test_a_missing_queue_is_declared_and_bound():
 
 
 def test_a_queue_of_the_other_type_goes_through_its_holding_queue_and_back():
-    planned = plan([Q], {Q.name: state(Q.name, messages=7), HOLD: state(HOLD, exists=False)})
+    planned = migration_steps([Q], {Q.name: state(Q.name, messages=7), HOLD: state(HOLD, exists=False)})
     assert [(s.action, s.queue) for s in planned] == [
         ("declare-holding", HOLD), ("bind", HOLD), ("unbind", Q.name), ("move", HOLD), ("delete", Q.name),
         *STAGE_TWO]
@@ -41,7 +41,7 @@ def test_a_queue_of_the_other_type_goes_through_its_holding_queue_and_back():
 
 
 def test_a_run_that_died_in_stage_one_starts_again_without_declaring_the_holding_queue():
-    planned = plan([Q], {Q.name: state(Q.name, messages=3), HOLD: state(HOLD, messages=4)})
+    planned = migration_steps([Q], {Q.name: state(Q.name, messages=3), HOLD: state(HOLD, messages=4)})
     assert [(s.action, s.queue) for s in planned] == [
         ("bind", HOLD), ("unbind", Q.name), ("move", HOLD), ("delete", Q.name), *STAGE_TWO]
     assert planned[-2].messages == 7, "what the holding queue has, and what is still to come"
@@ -60,7 +60,7 @@ def test_consumers_anywhere_refuse_the_whole_plan(busy):
               HOLD: state(HOLD, consumers=1 if busy == "holding" else 0),
               other.name: state(other.name), holding_name(other.name): state(holding_name(other.name), exists=False)}
     with pytest.raises(MigrationError, match="stop the service's workers first") as caught:
-        plan([other, Q], states)
+        migration_steps([other, Q], states)
     assert (f"{Q.name} (2)" if busy == "queue" else f"{HOLD} (1)") in str(caught.value)
 
 

@@ -17,7 +17,7 @@ from kombu_events.core.schedule import (
     Stale,
     State,
     Token,
-    decide,
+    action_for,
     iso,
     next_token,
     summary,
@@ -73,55 +73,55 @@ def test_token_and_state_round_trip_their_json():
 # -- the rules ---------------------------------------------------------------------------------------
 
 def test_without_state_a_schedule_first_records_where_it_begins():
-    assert decide(schedule(), token(None), None, 31) == Begin(4)
-    assert decide(schedule(), token(7), None, 31) == Begin(7)
+    assert action_for(schedule(), token(None), None, 31) == Begin(4)
+    assert action_for(schedule(), token(7), None, 31) == Begin(7)
     begun = Begin(4).state(schedule())
     assert begun == State(None, None, 4, SIG)
-    assert decide(schedule(), token(None), begun, 31) == Later(4, 9)
-    assert decide(schedule(), token(None), begun, 40) == Run(4, 40, 4, 4)
-    assert decide(schedule(), token(None), begun, 75) == Run(7, 70, 4, 4), "a late seed still begins there"
+    assert action_for(schedule(), token(None), begun, 31) == Later(4, 9)
+    assert action_for(schedule(), token(None), begun, 40) == Run(4, 40, 4, 4)
+    assert action_for(schedule(), token(None), begun, 75) == Run(7, 70, 4, 4), "a late seed still begins there"
 
 
 def test_a_seed_with_state_stands_for_the_period_after_the_last_run():
-    assert decide(schedule(), token(None), state(5, 6), 55) == Later(6, 5)
-    assert decide(schedule(), token(None), state(5, 6), 60) == Run(6, 60, 6, 6)
+    assert action_for(schedule(), token(None), state(5, 6), 55) == Later(6, 5)
+    assert action_for(schedule(), token(None), state(5, 6), 60) == Run(6, 60, 6, 6)
 
 
 def test_a_token_never_runs_early():
-    assert decide(schedule(), token(6), state(5, 6), 59) == Later(6, 1)
+    assert action_for(schedule(), token(6), state(5, 6), 59) == Later(6, 1)
 
 
 def test_a_token_whose_period_ran_is_stale_once_the_next_token_is_recorded():
-    assert isinstance(decide(schedule(), token(6), state(6, 7), 65), Stale)
-    assert isinstance(decide(schedule(), token(5), state(6, 7), 65), Stale)
+    assert isinstance(action_for(schedule(), token(6), state(6, 7), 65), Stale)
+    assert isinstance(action_for(schedule(), token(5), state(6, 7), 65), Stale)
 
 
 def test_a_token_whose_period_ran_without_its_next_token_recorded_advances():
-    assert decide(schedule(), token(6), state(6, 6), 65) == Advance(6)
-    assert decide(schedule(), token(6), state(6, None), 65) == Advance(6)
-    assert isinstance(decide(schedule(), token(5), state(6, 6), 65), Stale), "an older duplicate does not"
+    assert action_for(schedule(), token(6), state(6, 6), 65) == Advance(6)
+    assert action_for(schedule(), token(6), state(6, None), 65) == Advance(6)
+    assert isinstance(action_for(schedule(), token(5), state(6, 6), 65), Stale), "an older duplicate does not"
 
 
 def test_catch_up_latest_runs_once_for_the_latest_due_period_and_lists_the_missed():
-    decision = decide(schedule("latest"), token(6), state(5, 6), 93)
+    decision = action_for(schedule("latest"), token(6), state(5, 6), 93)
     assert decision == Run(9, 90, 6, 6) and list(decision.missed) == [6, 7, 8]
 
 
 def test_catch_up_all_runs_the_first_missed_period_and_chains():
-    decision = decide(schedule("all"), token(6), state(5, 6), 93)
+    decision = action_for(schedule("all"), token(6), state(5, 6), 93)
     assert decision == Run(6, 60, 6, 6) and list(decision.missed) == []
     assert next_token(schedule("all"), 6, 93) == Later(7, 0)
 
 
 def test_a_token_of_another_timing_is_stale():
-    assert isinstance(decide(schedule(), token(6, {"every_ms": 5, "origin_ms": 0}), state(5, 6), 60), Stale)
+    assert isinstance(action_for(schedule(), token(6, {"every_ms": 5, "origin_ms": 0}), state(5, 6), 60), Stale)
 
 
 def test_a_changed_period_numbers_from_the_last_run_s_due_time():
     old = State(5, 50, 6, {"every_ms": 20, "origin_ms": 0})
     s = schedule(every_ms=15)  # new boundaries 45, 60, ...: the first after 50 is period 4 (60)
-    assert decide(s, Token("s", None, s.signature), old, 52) == Later(4, 8)
-    assert decide(s, Token("s", None, s.signature), old, 61) == Run(4, 60, 4, None)
+    assert action_for(s, Token("s", None, s.signature), old, 52) == Later(4, 8)
+    assert action_for(s, Token("s", None, s.signature), old, 61) == Run(4, 60, 4, None)
 
 
 def test_the_next_token_is_due_at_the_next_period():
@@ -162,12 +162,12 @@ class Broker:
     def deliver(self, now: int, tok: Token, crash: str | None, duration: int) -> int:
         """Handle one token as the worker's wrapper does; return the time it is settled (or crashed)."""
         s = self.s
-        decision = decide(s, tok, self.state, now)
+        decision = action_for(s, tok, self.state, now)
         if isinstance(decision, Begin):
             self.state = decision.state(s)
             if crash == "after begin":
                 return self._crashed(now, tok)
-            decision = decide(s, tok, self.state, now)
+            decision = action_for(s, tok, self.state, now)
         if isinstance(decision, Later):
             self.publish(now + decision.delay_ms, Token("s", decision.period, s.signature))
             return self._crashed(now, tok) if crash == "after publish" else now

@@ -1,4 +1,4 @@
-"""outbox.py: publish or store, flush in order, the daemon thread -- over an in-memory fake broker."""
+"""backlog_publisher.py: publish or store, flush in order, the daemon thread -- over an in-memory fake broker."""
 from __future__ import annotations
 
 import logging
@@ -15,7 +15,7 @@ from kombu_events.core.circuit import CircuitBreaker
 from kombu_events.core.health import Healthy, Unhealthy
 from kombu_events.errors import BacklogError, BrokerUnavailableError, ConfirmTimeoutError, EncodeError, UnroutableError
 from kombu_events.publishing.backlog import Backlog
-from kombu_events.publishing.buffered import STORED, Outbox
+from kombu_events.publishing.buffered import STORED, BacklogPublisher
 from kombu_events.publishing.checks import BROKER, PublisherCheck
 from kombu_events.publishing.circuits import Guard
 from kombu_events.publishing.publisher import build_message
@@ -64,8 +64,8 @@ SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 QUICK = CircuitBreaker(max_failures=1, max_unhealthy=1, reset_s=0.5, max_reset_s=0.5)
 
 
-def make_outbox(path: Path, broker: FakeBroker, clock=time.monotonic, flushed=None, batch_size=200) -> Outbox:
-    return Outbox(Backlog(path, batch_size=batch_size), lambda: broker, Guard([answers(broker)], QUICK),
+def make_outbox(path: Path, broker: FakeBroker, clock=time.monotonic, flushed=None, batch_size=200) -> BacklogPublisher:
+    return BacklogPublisher(Backlog(path, batch_size=batch_size), lambda: broker, Guard([answers(broker)], QUICK),
                   on_flushed=flushed, clock=clock, idle_poll_s=0.05)
 
 
@@ -75,7 +75,7 @@ def broker():
 
 
 @pytest.fixture
-def outbox(tmp_path, broker):
+def backlog_publisher(tmp_path, broker):
     box = make_outbox(tmp_path / "backlog.sqlite3", broker, Clock())
     box.start = lambda: None  # type: ignore[method-assign]  # these tests drive the steps themselves
     return box
@@ -85,41 +85,41 @@ def items(*ids: str, key: str = "a.b"):
     return [("events", key, build_message({"id": i}, message_id=i)) for i in ids]
 
 
-def test_while_the_broker_answers_events_are_published_and_confirmed(outbox, broker):
-    assert outbox.send(items("1", "2")) == [None, None]
-    assert broker.delivered == ["1", "2"] and not outbox.backlog.pending()
+def test_while_the_broker_answers_events_are_published_and_confirmed(backlog_publisher, broker):
+    assert backlog_publisher.publish_or_store(items("1", "2")) == [None, None]
+    assert broker.delivered == ["1", "2"] and not backlog_publisher.backlog.pending()
 
 
 @pytest.mark.parametrize("failure", [BrokerUnavailableError("refused"), ConfirmTimeoutError("not confirmed")])
-def test_an_unreachable_broker_stores_the_event_and_opens_the_circuit(outbox, broker, failure):
+def test_an_unreachable_broker_stores_the_event_and_opens_the_circuit(backlog_publisher, broker, failure):
     broker.up, broker.failure = False, failure
-    assert outbox.send(items("1")) == [STORED]
-    assert not outbox.guard.closed()
+    assert backlog_publisher.publish_or_store(items("1")) == [STORED]
+    assert not backlog_publisher.guard.closed()
     calls = broker.calls
-    assert outbox.send(items("2", "3")) == [STORED, STORED]
+    assert backlog_publisher.publish_or_store(items("2", "3")) == [STORED, STORED]
     assert broker.calls == calls, "while the circuit is open, the broker is not even tried"
-    assert [r.properties["message_id"] for r in outbox.backlog.head()] == ["1", "2", "3"]
+    assert [r.properties["message_id"] for r in backlog_publisher.backlog.head()] == ["1", "2", "3"]
 
 
-def test_an_unroutable_event_is_the_callers_error_never_stored(outbox, broker):
+def test_an_unroutable_event_is_the_callers_error_never_stored(backlog_publisher, broker):
     broker.unroutable.add("nobody.listens")
-    (result,) = outbox.send(items("1", key="nobody.listens"))
+    (result,) = backlog_publisher.publish_or_store(items("1", key="nobody.listens"))
     assert isinstance(result, UnroutableError)
-    assert not outbox.backlog.pending() and outbox.guard.closed()
+    assert not backlog_publisher.backlog.pending() and backlog_publisher.guard.closed()
 
 
-def test_headers_that_cannot_be_stored_fail_even_while_the_broker_is_up(outbox, broker):
+def test_headers_that_cannot_be_stored_fail_even_while_the_broker_is_up(backlog_publisher, broker):
     bad = [("events", "a.b", build_message({}, headers={"when": b"raw"}))]
     with pytest.raises(EncodeError):
-        outbox.send(bad)
+        backlog_publisher.publish_or_store(bad)
     assert broker.calls == 0
 
 
-def test_new_events_wait_behind_stored_ones_even_with_the_circuit_closed(outbox, broker):
-    outbox.backlog.store(items("old"))
-    assert outbox.send(items("new")) == [STORED]
+def test_new_events_wait_behind_stored_ones_even_with_the_circuit_closed(backlog_publisher, broker):
+    backlog_publisher.backlog.store(items("old"))
+    assert backlog_publisher.publish_or_store(items("new")) == [STORED]
     assert broker.calls == 0
-    assert outbox.flush().published == 2
+    assert backlog_publisher.flush().published == 2
     assert broker.delivered == ["old", "new"]
 
 
@@ -137,25 +137,25 @@ def test_flush_publishes_in_order_deletes_what_was_confirmed_and_sets_aside_the_
     assert isinstance(seen[2][1], UnroutableError) and all(e is None for i, (_m, e) in enumerate(seen) if i != 2)
 
 
-def test_a_failed_flush_keeps_every_row(outbox, broker):
-    outbox.backlog.store(items("1", "2"))
+def test_a_failed_flush_keeps_every_row(backlog_publisher, broker):
+    backlog_publisher.backlog.store(items("1", "2"))
     broker.up = False
-    report = outbox.flush()
+    report = backlog_publisher.flush()
     assert report.published == 0 and isinstance(report.error, BrokerUnavailableError)
-    assert outbox.backlog.status().depth == 2
+    assert backlog_publisher.backlog.status().depth == 2
 
 
-def test_only_one_flusher_at_a_time(outbox, broker):
-    outbox.backlog.store(items("1"))
-    with outbox.backlog.flush_lock():
-        assert outbox.flush_once().busy
+def test_only_one_flusher_at_a_time(backlog_publisher, broker):
+    backlog_publisher.backlog.store(items("1"))
+    with backlog_publisher.backlog.flush_lock():
+        assert backlog_publisher.flush_once().busy
     assert broker.delivered == []
 
 
 def test_the_daemon_thread_drains_once_the_broker_answers_then_ends(tmp_path, broker):
     box = make_outbox(tmp_path / "b.sqlite3", broker)
     broker.up = False
-    assert box.send(items("1", "2", "3")) == [STORED] * 3
+    assert box.publish_or_store(items("1", "2", "3")) == [STORED] * 3
     thread = box._thread
     assert thread is not None and thread.is_alive()
     time.sleep(0.2)
@@ -164,7 +164,7 @@ def test_the_daemon_thread_drains_once_the_broker_answers_then_ends(tmp_path, br
     thread.join(10)
     assert not thread.is_alive(), "nothing left to do: the thread ends"
     assert broker.delivered == ["1", "2", "3"] and box.guard.closed() and not box.backlog.pending()
-    assert box.send(items("4")) == [None]
+    assert box.publish_or_store(items("4")) == [None]
     box.stop()
 
 
@@ -212,7 +212,7 @@ def test_every_event_arrives_in_publish_order_duplicated_only_by_a_crashed_flush
             clock.now += 1.0
             if op[0] == "publish":
                 ids = [str(len(published) + i) for i in range(op[1])]
-                assert all(r in (None, STORED) for r in box.send(items(*ids)))
+                assert all(r in (None, STORED) for r in box.publish_or_store(items(*ids)))
                 published += ids
             elif op[0] in ("down", "up"):
                 broker.up = op[0] == "up"

@@ -20,7 +20,7 @@ from kombu_events.publishing.backlog_policy import (
     PUBLISH,
     STORE,
     Published,
-    route,
+    publish_or_store,
     settle_batch,
     storable,
 )
@@ -43,8 +43,8 @@ def test_published_is_the_message_id_and_says_where_the_event_is():
     (False, False, STORE),
     (False, True, STORE),
 ])
-def test_route(closed, pending, expected):
-    assert route(circuit_closed=closed, backlog_pending=pending) == expected
+def test_publish_or_store(closed, pending, expected):
+    assert publish_or_store(circuit_closed=closed, backlog_pending=pending) == expected
 
 
 UNROUTABLE = UnroutableError("no queue", exchange="events", routing_key="a.b")
