@@ -3,18 +3,12 @@ from __future__ import annotations
 
 __all__ = ["Events"]
 
-import functools
-import inspect
 import logging
 import os
-import threading
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Literal, Mapping, TypeVar
 
-from . import registry, signals
-from .broker.declare import declare_queue
+from . import registry
 from .core import names
 from .core.backoff import Backoff
 from .core.circuit import CircuitBreaker
@@ -22,39 +16,34 @@ from .core.codec import accept_set
 from .core.config import Settings, broker_url, check_setting_names, resolve_settings
 from .core.handlers import (
     Handler,
+    HandlerSpec,
     check_prefetch,
     check_runnable,
     circuit_breaker_of,
     exception_classes,
+    handler_argument,
     validate_binding_key,
 )
 from .core.health import HealthCheck
-from .core.schedule import Schedule, make_schedule
+from .core.schedule import Schedule
 from .core.topology import Topology, build_topology
-from .errors import ConfigurationError, KombuEventsError
+from .errors import ConfigurationError
 from .middleware import django_connections
 from .middleware.base import Hooks, Middleware
 from .middleware.breakers import Breakers
-from .periodic.runner import ScheduleRunner, Seeder, StateStore
-from .publishing.backlog import Backlog, open_backlog
+from .periodic.schedules import Schedules
+from .publishing.backlog import Backlog
 from .publishing.backlog_policy import Published
-from .publishing.buffered import STORED, BacklogPublisher
-from .publishing.checks import PublisherCheck, as_check, broker_check
-from .publishing.circuits import Guard, publisher_policy
-from .publishing.publisher import Publisher, addressed, build_message
+from .publishing.buffered import BacklogPublisher
+from .publishing.checks import PublisherCheck
+from .publishing.publisher import Publisher
+from .publishing.service import ServicePublisher
 from .registry import Route
 from .worker.bootstep import install
 
 logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[[Any], Any])
-
-
-@dataclass
-class _Spec:
-    fn: Callable[..., Any]
-    binding_keys: tuple[str, ...]
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 class Events:
@@ -76,28 +65,25 @@ class Events:
                  publisher_circuit: CircuitBreaker | None = None, **settings: Any) -> None:
         names.validate_name("service", service, max_bytes=200)
         check_setting_names(settings)  # a typo fails here, not later at worker start
-        self.backlog = open_backlog(backlog)
-        self._health_checks = tuple(as_check(c) for c in health_checks)
-        self._publisher_circuit = publisher_policy(publisher_circuit, self.backlog is not None, self._health_checks)
-        self._backlog_publisher: BacklogPublisher | None = None
-        self._backlog_publisher_lock = threading.Lock()
         self.app = app
         self.service = service
+        self._broker = broker
+        self._overrides = settings
+        self._settings: Settings | None = None
         # In a Django project the built-in middleware that tidies database connections around handlers
         # comes after the user's (the circuit breakers, when any, come last: see hooks).
         self._middleware = (*middleware, *django_connections.middleware_for(self._django_connections))
         self._user_hooks = Hooks(self._middleware)  # validates; publishing needs no more
         self._hooks: Hooks | None = None
         self._checks: list[HealthCheck] = []
-        self._broker = broker
-        self._overrides = settings
-        self._settings: Settings | None = None
-        self._specs: list[_Spec] = []
+        self._specs: list[HandlerSpec] = []
         self._handlers: tuple[Handler, ...] | None = None
-        self._publisher: Publisher | None = None
-        self._publish_topology: Topology | None = None
-        self._schedules: list[tuple[Schedule, Callable[[Any], Any]]] = []
-        self._schedule_store: StateStore | None = None
+        self.publishing = ServicePublisher(self, self._user_hooks, settings=lambda: self.settings,
+                                           broker_url=lambda: self.broker_url, backlog=backlog,
+                                           health_checks=health_checks, publisher_circuit=publisher_circuit)
+        self.backlog = self.publishing.backlog
+        self._schedules = Schedules(service, settings=lambda: self.settings, broker_url=lambda: self.broker_url,
+                                    topology=self.topology, publish_topology=lambda: self.publishing.topology)
         registry.register(self)
         install(app)
 
@@ -172,11 +158,11 @@ class Events:
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             # Refused here, at import time: the worker acks once the call returns, run or not.
-            argument, parameter = _handler_argument(bind=bind, raw=raw)
+            argument, parameter = handler_argument(bind=bind, raw=raw)
             check_runnable(fn, role="handler", argument=argument, parameter=parameter)
             if name is None and not isinstance(getattr(fn, "__name__", None), str):
                 raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
-            self._specs.append(_Spec(fn, keys, options))
+            self._specs.append(HandlerSpec(fn, keys, options))
             self._handlers = self._hooks = None
             return fn
 
@@ -187,8 +173,8 @@ class Events:
         """The registered handlers, resolved against the settings (validated, names unique);
         each periodic schedule is one too, of its token queue."""
         if self._handlers is None:
-            self._handlers = tuple(self._resolve(spec) for spec in self._specs) + tuple(
-                self._schedule_handler(schedule, fn) for schedule, fn in self._schedules)
+            registered = tuple(spec.resolve(self.service, self.settings) for spec in self._specs)
+            self._handlers = registered + self._schedules.handlers()
             seen: dict[str, str] = {}
             for h in self._handlers:
                 if h.queue in seen:
@@ -197,33 +183,6 @@ class Events:
                         "give one of them name= or queue=")
                 seen[h.queue] = h.name
         return self._handlers
-
-    def _resolve(self, spec: _Spec) -> Handler:
-        s, o = self.settings, spec.options
-        name = o["name"] or spec.fn.__name__
-        queue = o["queue"] or names.handler_queue(self.service, name)
-        names.validate_name(f"queue of handler {name!r}", queue, max_bytes=s.max_queue_bytes)
-        reserved = {names.delivery_exchange(self.service), names.archive_name(self.service),
-                    names.unrouted_name(s.exchange), names.deferred_exchange(s.exchange)}
-        if queue in reserved or queue.startswith((names.delay_prefix(self.service), names.schedule_prefix(self.service),
-                                                  names.deferred_exchange(s.exchange) + ".")):
-            raise ConfigurationError(f"queue {queue!r} of handler {name!r} collides with the service's own entities")
-        for key in spec.binding_keys:
-            if len(key.encode("utf-8")) > s.max_binding_key_bytes:
-                raise ConfigurationError(
-                    f"binding key {key!r} of handler {name!r} is too long: with publish_delay_levels="
-                    f"{s.publish_delay_levels} it may be at most {s.max_binding_key_bytes} bytes")
-        backoff: Backoff = o["backoff"] or s.default_backoff
-        s.check_delay(f"backoff max_delay_ms of handler {name!r}", backoff.max_delay_ms)
-        max_retries = s.max_retries if o["max_retries"] is None else o["max_retries"]
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 10_000:
-            raise ConfigurationError(
-                f"max_retries of handler {name!r} must be an integer within 0 .. 10000, got {max_retries!r}")
-        return Handler(fn=spec.fn, name=name, queue=queue, binding_keys=spec.binding_keys,
-                       max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
-                       dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"],
-                       circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
-                       single_active_consumer=o["single_active_consumer"])
 
     def health_check(self, *handlers: Callable[..., Any], interval_s: float = 10.0,
                      timeout_s: float = 10.0) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
@@ -256,14 +215,11 @@ class Events:
         for ``retire_after`` (default 7 days) is retired: its queues expire. ``fn`` is
         refused like a handler's when the worker could not run it (see :meth:`handler`).
         """
-        schedule = make_schedule(self.service, name, every=every, start=start, catch_up=catch_up,
-                                 retire_after=retire_after)
-        if any(s.name == name for s, _fn in self._schedules):
-            raise ConfigurationError(f"schedule {name!r} is registered twice on service {self.service!r}")
+        register = self._schedules.register(name, every=every, start=start, catch_up=catch_up,
+                                            retire_after=retire_after)
 
         def decorate(fn: F) -> F:
-            check_runnable(fn, role=f"schedule {name!r}: function", argument="an Event", parameter="event")
-            self._schedules.append((schedule, fn))
+            register(fn)
             self._handlers = self._hooks = None  # the hooks gain the seeder of the schedules
             return fn
 
@@ -272,36 +228,7 @@ class Events:
     @property
     def schedules(self) -> tuple[Schedule, ...]:
         """The periodic schedules, in registration order."""
-        return tuple(schedule for schedule, _fn in self._schedules)
-
-    def _schedule_handler(self, schedule: Schedule, fn: Callable[[Any], Any]) -> Handler:
-        s = self.settings
-        names.validate_name(f"token queue of schedule {schedule.name!r}", schedule.queue, max_bytes=s.max_queue_bytes)
-        if schedule.every_ms < s.delay_unit_ms:  # the ladder could not bring the token back in time
-            raise ConfigurationError(
-                f"every of schedule {schedule.name!r} is {schedule.every_ms} ms, shorter than the ladder's unit "
-                f"(delay_unit_ms={s.delay_unit_ms}): lower delay_unit_ms (and raise delay_levels) to run it")
-        # Never archived: a token that fails for want of the broker is retried until it goes through.
-        return Handler(fn=ScheduleRunner(self, schedule, fn), name=f"schedule.{schedule.name}", queue=schedule.queue,
-                       binding_keys=(), max_retries=10_000, backoff=s.default_backoff, bind=True,
-                       prefetch=1, single_active_consumer=True, expires_ms=schedule.retire_after_ms)
-
-    @property
-    def schedule_store(self) -> StateStore:
-        """The schedules' confirmed publisher and state reader (one connection per process, opened on use)."""
-        if self._schedule_store is None:
-            self._schedule_store = StateStore(self.broker_url, self._declare_state_queue)
-        return self._schedule_store
-
-    @property
-    def schedule_topology(self) -> Topology:
-        """The topology a token's address through the service's ladder is computed from."""
-        return self._topology_for_publishing()
-
-    def _declare_state_queue(self, channel: Any, queue: str) -> None:
-        for entity in self.topology().queues:
-            if entity.name == queue:
-                declare_queue(channel, entity)
+        return self._schedules.all
 
     def add_middleware(self, middleware: Middleware) -> None:
         """Add ``middleware`` after the service's own, for consuming and publishing alike.
@@ -324,7 +251,7 @@ class Events:
         """
         if self._hooks is None:
             guarded = [h for h in self.handlers if h.circuit_breaker is not None]
-            seeder = (Seeder(self),) if self._schedules else ()
+            seeder = tuple(filter(None, [self._schedules.seeder()]))
             if not guarded and not self._checks:
                 self._hooks = Hooks((*self._middleware, *seeder)) if seeder else self._user_hooks
             else:
@@ -349,30 +276,22 @@ class Events:
         """The full topology of this service (unbound kombu entities)."""
         return build_topology(self.settings, self.handlers, self.schedules)
 
-    # -- publishing ----------------------------------------------------------------------------
+    # -- publishing (publishing/service.py) -------------------------------------------------------
 
     @property
     def publisher(self) -> Publisher:
         """The confirmed publisher (one connection per process, opened on first use)."""
-        if self._publisher is None:
-            self._publisher = Publisher(self.broker_url)
-        return self._publisher
+        return self.publishing.publisher
 
     @publisher.setter
     def publisher(self, publisher: Publisher | None) -> None:
         """Publish through ``publisher`` (e.g. the test kit's in-memory one); None: a new one on next use."""
-        self._publisher = publisher
+        self.publishing.publisher = publisher
 
     @property
     def backlog_publisher(self) -> BacklogPublisher | None:
         """The backlog's publisher, circuits and flusher (None without ``backlog=``)."""
-        if self.backlog is None:
-            return None
-        with self._backlog_publisher_lock:  # one per Events, even when threads publish their first events at once
-            if self._backlog_publisher is None:
-                guard = Guard([broker_check(self.broker_url), *self._health_checks], self._publisher_circuit)
-                self._backlog_publisher = BacklogPublisher(self.backlog, lambda: self.publisher, guard, on_flushed=self._flushed)
-        return self._backlog_publisher
+        return self.publishing.backlog_publisher
 
     def publish(
         self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,
@@ -392,33 +311,8 @@ class Events:
         One that no queue is bound for when due waits in ``<exchange>.unrouted``. A
         delay beyond the ladder's reach raises :class:`~kombu_events.DelayTooLongError`.
         """
-        names.validate_name("routing_key", routing_key)
-        exchange, key, message = self._prepared(routing_key, payload, delay, headers=headers,
-                                                message_id=message_id, correlation_id=correlation_id)
-        return self._send(exchange, key, message)
-
-    def _prepared(self, routing_key: str, payload: Any, delay: float, **options: Any) -> tuple[str, str, Any]:
-        """(exchange, routing key, message) for one event: the events exchange, or its ladder for a delay."""
-        message = build_message(payload, **options)
-        exchange, key = addressed(self._topology_for_publishing(), routing_key, message, delay)
-        return exchange, key, message
-
-    def _topology_for_publishing(self) -> Topology:
-        if self._publish_topology is None:
-            self._publish_topology = build_topology(self.settings, ())
-        return self._publish_topology
-
-    def _send(self, exchange: str, routing_key: str, message: Any) -> Published:
-        self._before_publish(exchange, routing_key, message)
-        if self.backlog_publisher is not None:
-            return self._through_backlog([(exchange, routing_key, message)])[0]
-        try:
-            self.publisher.publish(exchange, routing_key, message)
-        except KombuEventsError as exc:
-            self._after_publish(exchange, routing_key, message, exc)
-            raise
-        self._after_publish(exchange, routing_key, message, None)
-        return Published(message.properties["message_id"])
+        return self.publishing.publish(routing_key, payload, headers=headers, message_id=message_id,
+                                       correlation_id=correlation_id, delay=delay)
 
     def publish_many(self, events: Iterable[tuple[str, Any]], *, delay: float = 0) -> list[Published]:
         """Publish ``(routing_key, payload)`` pairs with pipelined confirms; raise on the first failure.
@@ -429,65 +323,7 @@ class Events:
         as for :meth:`publish`, the same for every event of the batch. With a backlog,
         events the broker cannot take now are stored locally (``stored_locally``).
         """
-        items = []
-        for routing_key, payload in events:
-            names.validate_name("routing_key", routing_key)
-            items.append(self._prepared(routing_key, payload, delay))
-        for exchange, routing_key, message in items:
-            self._before_publish(exchange, routing_key, message)
-        return self._through_backlog(items) if self.backlog_publisher is not None else self._publish_many(items)
-
-    def _publish_many(self, items: list[tuple[str, str, Any]]) -> list[Published]:
-        """Without a backlog: confirmed, or the first error raised (after every hook ran)."""
-        try:
-            errors: list[Any] = list(self.publisher.publish_many(items))
-        except KombuEventsError as exc:
-            errors = [exc] * len(items)
-        for (exchange, routing_key, message), error in zip(items, errors):
-            self._after_publish(exchange, routing_key, message, error)
-        failed = [e for e in errors if e is not None]
-        if failed:
-            raise failed[0]
-        return [Published(m.properties["message_id"]) for _x, _k, m in items]
-
-    def _through_backlog(self, items: list[tuple[str, str, Any]]) -> list[Published]:
-        """With a backlog: confirmed, stored locally, or the first error raised (after every hook ran)."""
-        assert self._backlog_publisher is not None, "only called once self.backlog_publisher built it"
-        outcomes = self._backlog_publisher.publish_or_store(items)
-        for (exchange, routing_key, message), outcome in zip(items, outcomes):
-            if outcome == STORED:
-                self._after_store(exchange, routing_key, message)
-            else:
-                self._after_publish(exchange, routing_key, message, outcome)  # type: ignore[arg-type]
-        failed = [o for o in outcomes if isinstance(o, Exception)]
-        if failed:
-            raise failed[0]
-        return [Published(m.properties["message_id"], stored_locally=o == STORED)
-                for (_x, _k, m), o in zip(items, outcomes)]
-
-    def _before_publish(self, exchange: str, routing_key: str, message: Any) -> None:
-        if self._user_hooks.on_before_publish:
-            self._user_hooks.before_publish(exchange, routing_key, message.properties)
-
-    def _after_publish(self, exchange: str, routing_key: str, message: Any, error: Exception | None) -> None:
-        if self._user_hooks.on_after_publish:
-            self._user_hooks.after_publish(exchange, routing_key, message.properties, error)
-        if signals.event_published.receivers:
-            signals.event_published.send(sender=self, exchange=exchange, routing_key=routing_key,
-                                         message_id=message.properties.get("message_id"),
-                                         properties=message.properties, error=error)
-
-    def _after_store(self, exchange: str, routing_key: str, message: Any) -> None:
-        if self._user_hooks.on_after_store:
-            self._user_hooks.after_store(exchange, routing_key, message.properties)
-        if signals.event_stored.receivers:
-            signals.event_stored.send(sender=self, exchange=exchange, routing_key=routing_key,
-                                      message_id=message.properties.get("message_id"),
-                                      properties=message.properties)
-
-    def _flushed(self, exchange: str, routing_key: str, properties: dict[str, Any], error: Exception | None) -> None:
-        """The flusher published a stored event: ``after_publish`` and ``event_published`` see it now."""
-        self._after_publish(exchange, routing_key, SimpleNamespace(properties=properties), error)
+        return self.publishing.publish_many(events, delay=delay)
 
     def event(self, routing_key: str) -> Callable[[Callable[..., Any]], Callable[..., Published]]:
         """Decorator for a publishing function whose body validates its arguments.
@@ -495,46 +331,8 @@ class Events:
         Calling it runs the body (which may raise to refuse), then publishes: the
         body's return value if not None, else the call's arguments as a dict.
         """
-        names.validate_name("routing_key", routing_key)
-
-        def decorate(fn: Callable[..., Any]) -> Callable[..., Published]:
-            signature = inspect.signature(fn)
-
-            @functools.wraps(fn)
-            def fire(*args: Any, **kwargs: Any) -> Published:
-                bound = signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                result = fn(*args, **kwargs)
-                return self.publish(routing_key, _arguments(signature, bound) if result is None else result)
-
-            fire.routing_key = routing_key  # type: ignore[attr-defined]
-            return fire
-
-        return decorate
+        return self.publishing.event(routing_key)
 
     def __repr__(self) -> str:
         return f"<Events service={self.service!r} handlers={len(self._specs)}>"
-
-
-def _handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:
-    """What the worker passes a handler, and the parameter name an error message suggests for it."""
-    if bind:
-        return "an Event, as bind=True", "event"
-    if raw:
-        return "the body bytes, as raw=True", "body"
-    return "the event's payload", "payload"
-
-
-def _arguments(signature: inspect.Signature, bound: inspect.BoundArguments) -> dict[str, Any]:
-    """The call's arguments as one flat dict (``**kwargs`` merged in, ``*args`` as a list)."""
-    payload: dict[str, Any] = {}
-    for name, value in bound.arguments.items():
-        kind = signature.parameters[name].kind
-        if kind is inspect.Parameter.VAR_KEYWORD:
-            payload.update(value)
-        elif kind is inspect.Parameter.VAR_POSITIONAL:
-            payload[name] = list(value)
-        else:
-            payload[name] = value
-    return payload
 

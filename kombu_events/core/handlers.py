@@ -1,17 +1,22 @@
 """A registered handler: the callable, its queue and binding keys, its failure policy."""
 from __future__ import annotations
 
-__all__ = ["Handler", "validate_binding_key", "check_runnable", "circuit_breaker_of", "check_prefetch"]
+__all__ = ["Handler", "HandlerSpec", "validate_binding_key", "check_runnable", "circuit_breaker_of", "check_prefetch",
+           "handler_argument"]
 
 import functools
 import inspect
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import ConfigurationError
+from . import names
 from .backoff import Backoff
 from .circuit import CircuitBreaker
 from .names import MAX_NAME_BYTES
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 
 @dataclass(frozen=True)
@@ -149,3 +154,50 @@ def check_prefetch(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_535):
         raise ConfigurationError(f"prefetch must be an integer within 1 .. 65535 or None, got {value!r}")
     return value
+
+
+@dataclass
+class HandlerSpec:
+    """A handler as registered (``@events.handler``), before the service's settings are known."""
+
+    fn: Callable[..., Any]
+    binding_keys: tuple[str, ...]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self, service: str, s: Settings) -> Handler:
+        """The handler this registration stands for, checked against the service's settings."""
+        o = self.options
+        name = o["name"] or self.fn.__name__
+        queue = o["queue"] or names.handler_queue(service, name)
+        names.validate_name(f"queue of handler {name!r}", queue, max_bytes=s.max_queue_bytes)
+        reserved = {names.delivery_exchange(service), names.archive_name(service),
+                    names.unrouted_name(s.exchange), names.deferred_exchange(s.exchange)}
+        if queue in reserved or queue.startswith((names.delay_prefix(service), names.schedule_prefix(service),
+                                                  names.deferred_exchange(s.exchange) + ".")):
+            raise ConfigurationError(f"queue {queue!r} of handler {name!r} collides with the service's own entities")
+        for key in self.binding_keys:
+            if len(key.encode("utf-8")) > s.max_binding_key_bytes:
+                raise ConfigurationError(
+                    f"binding key {key!r} of handler {name!r} is too long: with publish_delay_levels="
+                    f"{s.publish_delay_levels} it may be at most {s.max_binding_key_bytes} bytes")
+        backoff: Backoff = o["backoff"] or s.default_backoff
+        s.check_delay(f"backoff max_delay_ms of handler {name!r}", backoff.max_delay_ms)
+        max_retries = s.max_retries if o["max_retries"] is None else o["max_retries"]
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 10_000:
+            raise ConfigurationError(
+                f"max_retries of handler {name!r} must be an integer within 0 .. 10000, got {max_retries!r}")
+        return Handler(fn=self.fn, name=name, queue=queue, binding_keys=self.binding_keys,
+                       max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
+                       dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"],
+                       circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
+                       single_active_consumer=o["single_active_consumer"])
+
+
+def handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:
+    """What the worker passes a handler, and the parameter name an error message suggests for it."""
+    if bind:
+        return "an Event, as bind=True", "event"
+    if raw:
+        return "the body bytes, as raw=True", "body"
+    return "the event's payload", "payload"
+

@@ -3,7 +3,7 @@
 A schedule is a handler of its own token queue (``x-single-active-consumer``,
 prefetch 1: one token in flight in the whole fleet), so its runs happen in the
 worker's pool like any handler's. :class:`ScheduleRunner` is that handler: it peeks
-the state, lets :func:`kombu_events.core.schedule.action_for` action_for, runs the user's
+the state, lets :func:`kombu_events.core.schedule.action_for` decide, runs the user's
 function, writes the state, publishes the next token through the service's delay
 ladder (confirmed), writes the state again, and returns: the consumer acks.
 :class:`Seeder` publishes a seed token per schedule each time the events step
@@ -149,8 +149,8 @@ class StateStore(Publisher):
 class ScheduleRunner:
     """The handler of a schedule's token queue: runs in the worker's pool, gets the token as an Event."""
 
-    def __init__(self, events: Any, schedule: Schedule, fn: Callable[[Event], Any]) -> None:
-        self.events = events
+    def __init__(self, schedules: Any, schedule: Schedule, fn: Callable[[Event], Any]) -> None:
+        self.schedules = schedules
         self.schedule = schedule
         self.fn = fn
         self.__name__ = f"schedule {schedule.name}"
@@ -163,7 +163,7 @@ class ScheduleRunner:
         except ValueError as exc:
             logger.error("kombu-events: dropped a message of %s that is no token: %s", self.schedule.queue, exc)
             return
-        store = self.events.schedule_store
+        store = self.schedules.store
         state = store.peek(self.schedule.state_queue)
         decision: TokenAction = action_for(self.schedule, token, state, now_ms())
         if isinstance(decision, Begin):
@@ -221,7 +221,7 @@ class ScheduleRunner:
     def _publish_token(self, store: StateStore, later: Later) -> None:
         """Publish the token of ``later.period`` through the ladder; beyond its reach, as far as it goes."""
         s = self.schedule
-        topology = self.events.schedule_topology
+        topology = self.schedules.topology
         delay_ms = min(later.delay_ms, topology.settings.max_delay_ms)  # it hops: early tokens wait again
         address = topology.address(s.queue, delay_ms)
         store.publish(address.exchange, address.routing_key, token_message(Token(s.name, later.period, s.signature)))
@@ -230,12 +230,12 @@ class ScheduleRunner:
 class Seeder(Middleware):
     """Publishes a seed token per schedule each time the events step starts (duplicates are harmless)."""
 
-    def __init__(self, events: Any) -> None:
-        self.events = events
+    def __init__(self, schedules: Any) -> None:
+        self.schedules = schedules
 
     def started(self, control: Any) -> None:
         """Seed from a thread: confirms are awaited on a connection of its own, never on the event loop."""
-        if self.events.schedules:
+        if self.schedules.all:
             threading.Thread(target=self._seed_logged, daemon=True, name="kombu-events-seed").start()
 
     def _seed_logged(self) -> None:
@@ -243,26 +243,26 @@ class Seeder(Middleware):
         try:
             if not self.seed():
                 logger.error("kombu-events: gave up seeding the schedules of %s; a schedule with no token in "
-                             "flight waits for the next start of the events step", self.events.service)
+                             "flight waits for the next start of the events step", self.schedules.service)
         except Exception:
             logger.exception("kombu-events: seeding the schedules of %s failed; a schedule with no token in "
-                             "flight waits for the next start of the events step", self.events.service)
+                             "flight waits for the next start of the events step", self.schedules.service)
 
     def seed(self, *, attempts: int = SEED_ATTEMPTS, pause_s: float = 1.0) -> bool:
         """Publish the seeds (confirmed), trying ``attempts`` times; whether they were published."""
-        topology = self.events.schedule_topology
+        topology = self.schedules.topology
         items = []
-        for s in self.events.schedules:
+        for s in self.schedules.all:
             address = topology.address(s.queue, 0)
             items.append((address.exchange, address.routing_key, token_message(Token(s.name, None, s.signature))))
         for attempt in range(1, attempts + 1):
             try:
-                errors = [e for e in self.events.schedule_store.publish_many(items) if e is not None]
+                errors = [e for e in self.schedules.store.publish_many(items) if e is not None]
                 if not errors:
                     return True
                 raise errors[0]
             except KombuEventsError as exc:
                 logger.warning("kombu-events: seeding the schedules of %s failed (attempt %d of %d): %s",
-                               self.events.service, attempt, attempts, exc)
+                               self.schedules.service, attempt, attempts, exc)
                 time.sleep(pause_s * attempt)
         return False

@@ -88,7 +88,7 @@ def running_worker(target: Any, broker_url: str, **options: Any) -> Iterator[Any
     """
     app = target.app if isinstance(target, Events) else target
     saved_conf = {name: app.conf.get(name) for name in _WORKER_CONF}
-    saved_publishers = [(events, events._publisher) for events in registry.services_of(app)]
+    saved_publishers = [(events, events.publishing._publisher) for events in registry.services_of(app)]
     app.conf.update(dict(zip(_WORKER_CONF, (broker_url, broker_url, 0))))
     for events, _previous in saved_publishers:
         events.publisher = Publisher(broker_url)

@@ -386,7 +386,7 @@ class StubEvents:
     def __enter__(self) -> StubEvents:
         """Make the app's services publish into this stub (``events.publish``, ``publish_many``, ``@event``)."""
         for events in registry.services_of(self.app):
-            self._saved.append((events, events._publisher))
+            self._saved.append((events, events.publishing._publisher))
             events.publisher = _StubPublisher(self)
         return self
 

@@ -8,6 +8,7 @@ from kombu_events import Events, registry
 from kombu_events.core.backoff import Constant, Exponential
 from kombu_events.errors import ConfigurationError, UnroutableError
 from kombu_events.publishing.publisher import Publisher
+from kombu_events.publishing.service import ServicePublisher
 from kombu_events.testing import StubEvents
 from kombu_events.worker.bootstep import OPTION, EventsStep
 
@@ -179,7 +180,7 @@ def test_broker_url(app, monkeypatch):
 
 def test_publish_builds_and_sends_a_confirmed_message(events, mocker):
     publisher = mocker.Mock()
-    mocker.patch.object(Events, "publisher", new=publisher)
+    events.publisher = publisher
     message_id = events.publish("billing.invoice.paid", {"id": 7}, headers={"x-request-id": "r"},
                                 message_id="m-7", correlation_id="c-7")
     assert message_id == "m-7"
@@ -193,7 +194,7 @@ def test_publish_builds_and_sends_a_confirmed_message(events, mocker):
 @pytest.mark.parametrize("routing_key", ["billing.*", "", "a b"])
 def test_publish_rejects_bad_routing_keys_before_publishing(events, mocker, routing_key):
     publisher = mocker.Mock()
-    mocker.patch.object(Events, "publisher", new=publisher)
+    events.publisher = publisher
     with pytest.raises(ConfigurationError, match="routing_key"):
         events.publish(routing_key, {})
     publisher.publish.assert_not_called()
@@ -201,7 +202,7 @@ def test_publish_rejects_bad_routing_keys_before_publishing(events, mocker, rout
 
 @pytest.fixture
 def published(mocker):
-    return mocker.patch.object(Events, "publish", autospec=True, return_value="m-1")
+    return mocker.patch.object(ServicePublisher, "publish", autospec=True, return_value="m-1")
 
 
 def test_event_decorator_publishes_the_bound_arguments(events, published):
@@ -210,7 +211,7 @@ def test_event_decorator_publishes_the_bound_arguments(events, published):
         """Validate an invoice payment."""
 
     assert invoice_paid(7, amount=12.5) == "m-1"
-    published.assert_called_once_with(events, "billing.invoice.paid",
+    published.assert_called_once_with(events.publishing, "billing.invoice.paid",
                                       {"invoice_id": 7, "amount": 12.5, "currency": "EUR"})
     assert invoice_paid.routing_key == "billing.invoice.paid"
     assert invoice_paid.__name__ == "invoice_paid" and invoice_paid.__doc__ == "Validate an invoice payment."
@@ -222,7 +223,7 @@ def test_event_decorator_publishes_the_return_value(events, published):
         return {"id": invoice_id, "version": 2}
 
     invoice_paid(7)
-    published.assert_called_once_with(events, "billing.invoice.paid", {"id": 7, "version": 2})
+    published.assert_called_once_with(events.publishing, "billing.invoice.paid", {"id": 7, "version": 2})
 
 
 def test_event_decorator_body_can_refuse(events, published):

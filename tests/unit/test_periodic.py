@@ -112,7 +112,7 @@ def test_a_handler_queue_may_not_take_a_schedule_s_name(events):
 
 def test_a_run_writes_the_state_publishes_the_next_token_then_records_it(events, monkeypatch):
     schedule, runner, calls = register(events)
-    store = events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature))
+    store = events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature))
     monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_050)
     runner(token_event(5, schedule))
     [event] = calls
@@ -129,7 +129,7 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
         raise RuntimeError("no report today")
 
     schedule, runner, _ = register(events, boom)
-    store = events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature))
+    store = events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature))
     monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_000)
     seen = []
 
@@ -148,7 +148,7 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
 
 def test_a_token_that_is_not_due_goes_round_again_and_a_stale_one_is_only_acked(events, monkeypatch):
     schedule, runner, calls = register(events)
-    store = events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature))
+    store = events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature))
     monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 4_800)
     runner(token_event(5, schedule))
     assert store.log == [("publish", "billing.delay.1", "0.0.1.0.billing.schedule.tick", 5)] and calls == []
@@ -159,7 +159,7 @@ def test_a_token_that_is_not_due_goes_round_again_and_a_stale_one_is_only_acked(
 
 def test_a_token_beyond_the_ladder_s_reach_hops(events, monkeypatch):
     schedule, runner, calls = register(events, every=3600)  # the ladder holds 15 units of 100 ms
-    store = events._schedule_store = FakeStore(State(0, 0, 1, schedule.signature))
+    store = events._schedules._store = FakeStore(State(0, 0, 1, schedule.signature))
     monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 10)
     runner(token_event(1, schedule))
     assert store.log == [("publish", "billing.delay.3", "1.1.1.1.billing.schedule.tick", 1)] and calls == []
@@ -167,7 +167,7 @@ def test_a_token_beyond_the_ladder_s_reach_hops(events, monkeypatch):
 
 def test_a_new_schedule_records_its_beginning_before_it_runs(events, monkeypatch):
     schedule, runner, calls = register(events)
-    store = events._schedule_store = FakeStore()
+    store = events._schedules._store = FakeStore()
     monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 7_000)
     runner(token_event(None, schedule))
     assert store.log[0] == ("write", schedule.state_queue, None, 7)
@@ -176,7 +176,7 @@ def test_a_new_schedule_records_its_beginning_before_it_runs(events, monkeypatch
 
 def test_a_failed_publish_raises_so_the_token_is_retried_not_acked(events, monkeypatch):
     schedule, runner, _ = register(events)
-    events._schedule_store = FakeStore(State(4, 4000, 5, schedule.signature), fail_publish=True)
+    events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature), fail_publish=True)
     monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_000)
     with pytest.raises(PublishError):
         runner(token_event(5, schedule))
@@ -185,16 +185,16 @@ def test_a_failed_publish_raises_so_the_token_is_retried_not_acked(events, monke
 def test_seeds_go_to_each_schedule_s_token_queue_without_delay(events):
     events.periodic("a", every=1)(print)
     events.periodic("b", every=2)(print)
-    store = events._schedule_store = FakeStore()
-    assert Seeder(events).seed() is True
+    store = events._schedules._store = FakeStore()
+    assert Seeder(events._schedules).seed() is True
     assert store.log == [("publish", "billing.delivery", "0.0.0.0.billing.schedule.a", None),
                          ("publish", "billing.delivery", "0.0.0.0.billing.schedule.b", None)]
 
 
 def test_seeding_tries_again_then_gives_up(events):
     events.periodic("a", every=1)(print)
-    events._schedule_store = FakeStore(fail_publish=True)
-    assert Seeder(events).seed(attempts=2, pause_s=0) is False
+    events._schedules._store = FakeStore(fail_publish=True)
+    assert Seeder(events._schedules).seed(attempts=2, pause_s=0) is False
 
 
 class BrokenStore(FakeStore):
@@ -205,7 +205,7 @@ class BrokenStore(FakeStore):
 def _seed_in_the_worker(events) -> None:
     """What the step does: ``started`` seeds from a thread of its own; wait for that thread."""
     before = set(threading.enumerate())
-    Seeder(events).started(SimpleNamespace(service="billing"))
+    Seeder(events._schedules).started(SimpleNamespace(service="billing"))
     for thread in set(threading.enumerate()) - before:
         thread.join(5)
 
@@ -216,7 +216,7 @@ def _seed_in_the_worker(events) -> None:
 ])
 def test_the_seeding_thread_logs_what_went_wrong_with_its_service(events, store, logged, monkeypatch, caplog):
     events.periodic("a", every=1)(print)
-    events._schedule_store = store
+    events._schedules._store = store
     monkeypatch.setattr(Seeder.seed, "__kwdefaults__", {"attempts": 1, "pause_s": 0})  # the thread's seed()
     with caplog.at_level(logging.WARNING, logger="kombu_events.periodic.runner"):
         _seed_in_the_worker(events)
