@@ -14,23 +14,13 @@ from .core.backoff import Backoff
 from .core.circuit import CircuitBreaker
 from .core.codec import accept_set
 from .core.config import Settings, broker_url, check_setting_names, resolve_settings
-from .core.handlers import (
-    Handler,
-    HandlerSpec,
-    check_prefetch,
-    check_runnable,
-    circuit_breaker_of,
-    exception_classes,
-    handler_argument,
-    validate_binding_key,
-)
+from .core.handlers import Handler, HandlerSpec, handler_options
 from .core.health import HealthCheck
 from .core.schedule import Schedule
 from .core.topology import Topology, build_topology
 from .errors import ConfigurationError
-from .middleware import django_connections
 from .middleware.base import Hooks, Middleware
-from .middleware.breakers import Breakers
+from .middleware.stack import MiddlewareStack
 from .periodic.schedules import Schedules
 from .publishing.backlog import Backlog
 from .publishing.backlog_policy import Published
@@ -70,15 +60,10 @@ class Events:
         self._broker = broker
         self._overrides = settings
         self._settings: Settings | None = None
-        # In a Django project the built-in middleware that tidies database connections around handlers
-        # comes after the user's (the circuit breakers, when any, come last: see hooks).
-        self._middleware = (*middleware, *django_connections.middleware_for(self._django_connections))
-        self._user_hooks = Hooks(self._middleware)  # validates; publishing needs no more
-        self._hooks: Hooks | None = None
-        self._checks: list[HealthCheck] = []
+        self._middleware = MiddlewareStack(middleware, self._django_connections)
         self._specs: list[HandlerSpec] = []
         self._handlers: tuple[Handler, ...] | None = None
-        self.publishing = ServicePublisher(self, self._user_hooks, settings=lambda: self.settings,
+        self.publishing = ServicePublisher(self, self._middleware.publishing, settings=lambda: self.settings,
                                            broker_url=lambda: self.broker_url, backlog=backlog,
                                            health_checks=health_checks, publisher_circuit=publisher_circuit)
         self.backlog = self.publishing.backlog
@@ -141,29 +126,14 @@ class Events:
         ConfigurationError: an ``async def`` or generator function (calling it would not
         run its body), a class, or one that cannot take one positional argument.
         """
-        if not binding_keys:
-            raise ConfigurationError("handler() needs at least one binding key, e.g. 'orders.*.created'")
-        keys = tuple(validate_binding_key(k) for k in binding_keys)
-        options = {
-            "queue": queue, "name": name, "max_retries": max_retries, "backoff": backoff, "bind": bind,
-            "raw": raw, "retry_for": exception_classes("retry_for", retry_for),
-            "dont_retry": exception_classes("dont_retry", dont_retry),
-            "circuit_breaker": circuit_breaker_of(f"handler({', '.join(map(repr, keys))})", circuit_breaker, None),
-            "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
-        }
-        if circuit_breaker is None:
-            del options["circuit_breaker"]  # the service's default, read with the settings
-        if queue is not None:
-            names.validate_name("queue", queue)
+        keys, options = handler_options(
+            binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
+            dont_retry=dont_retry, bind=bind, raw=raw, circuit_breaker=circuit_breaker, prefetch=prefetch,
+            single_active_consumer=single_active_consumer)
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-            # Refused here, at import time: the worker acks once the call returns, run or not.
-            argument, parameter = handler_argument(bind=bind, raw=raw)
-            check_runnable(fn, role="handler", argument=argument, parameter=parameter)
-            if name is None and not isinstance(getattr(fn, "__name__", None), str):
-                raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
-            self._specs.append(HandlerSpec(fn, keys, options))
-            self._handlers = self._hooks = None
+            self._specs.append(HandlerSpec.of(fn, keys, options))  # refused here, at import time
+            self._forget()
             return fn
 
         return decorate
@@ -194,8 +164,7 @@ class Events:
         """
 
         def decorate(fn: Callable[[], Any]) -> Callable[[], Any]:
-            self._checks.append(HealthCheck(fn, handlers, interval_s, timeout_s))
-            self._hooks = None
+            self._middleware.add_check(HealthCheck(fn, handlers, interval_s, timeout_s))
             return fn
 
         return decorate
@@ -220,7 +189,7 @@ class Events:
 
         def decorate(fn: F) -> F:
             register(fn)
-            self._handlers = self._hooks = None  # the hooks gain the seeder of the schedules
+            self._forget()  # the hooks gain the seeder of the schedules
             return fn
 
         return decorate
@@ -237,10 +206,7 @@ class Events:
         the pool forks. Circuit breakers and periodic schedules keep their middleware
         objects; this one is appended to what :attr:`hooks` already holds.
         """
-        self._user_hooks.add(middleware)  # validates
-        self._middleware = (*self._middleware, middleware)
-        if self._hooks is not None and self._hooks is not self._user_hooks:
-            self._hooks.add(middleware)
+        self._middleware.add(middleware)
 
     @property
     def hooks(self) -> Hooks:
@@ -249,16 +215,9 @@ class Events:
         With periodic schedules, their :class:`~kombu_events.periodic.runner.Seeder` comes after the
         user's; with circuit breakers, their :class:`~kombu_events.middleware.breakers.Breakers` comes last.
         """
-        if self._hooks is None:
-            guarded = [h for h in self.handlers if h.circuit_breaker is not None]
-            seeder = tuple(filter(None, [self._schedules.seeder()]))
-            if not guarded and not self._checks:
-                self._hooks = Hooks((*self._middleware, *seeder)) if seeder else self._user_hooks
-            else:
-                breakers = Breakers(guarded, self._checks, prefetch_count=self.prefetch_count,
-                                    max_delay_ms=self.settings.max_delay_ms)
-                self._hooks = Hooks((*self._middleware, *seeder, breakers))
-        return self._hooks
+        return self._middleware.hooks(self.handlers, self._schedules.seeder(),
+                                      prefetch_count=lambda: self.prefetch_count,
+                                      max_delay_ms=lambda: self.settings.max_delay_ms)
 
     @property
     def prefetch_count(self) -> int:
@@ -332,6 +291,11 @@ class Events:
         body's return value if not None, else the call's arguments as a dict.
         """
         return self.publishing.event(routing_key)
+
+    def _forget(self) -> None:
+        """Handlers, schedules or checks changed: resolve the handlers and build the hooks again on next use."""
+        self._handlers = None
+        self._middleware.forget()
 
     def __repr__(self) -> str:
         return f"<Events service={self.service!r} handlers={len(self._specs)}>"

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 __all__ = ["Handler", "HandlerSpec", "validate_binding_key", "check_runnable", "circuit_breaker_of", "check_prefetch",
-           "handler_argument"]
+           "handler_argument", "handler_options"]
 
 import functools
 import inspect
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from ..errors import ConfigurationError
 from . import names
@@ -156,6 +156,28 @@ def check_prefetch(value: Any) -> int | None:
     return value
 
 
+def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: str | None,
+                    max_retries: int | None, backoff: Backoff | None, retry_for: Any, dont_retry: Any, bind: bool,
+                    raw: bool, circuit_breaker: CircuitBreaker | Literal[False] | None, prefetch: int | None,
+                    single_active_consumer: bool) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options)."""
+    if not binding_keys:
+        raise ConfigurationError("handler() needs at least one binding key, e.g. 'orders.*.created'")
+    keys = tuple(validate_binding_key(k) for k in binding_keys)
+    options = {
+        "queue": queue, "name": name, "max_retries": max_retries, "backoff": backoff, "bind": bind,
+        "raw": raw, "retry_for": exception_classes("retry_for", retry_for),
+        "dont_retry": exception_classes("dont_retry", dont_retry),
+        "circuit_breaker": circuit_breaker_of(f"handler({', '.join(map(repr, keys))})", circuit_breaker, None),
+        "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
+    }
+    if circuit_breaker is None:
+        del options["circuit_breaker"]  # the service's default, read with the settings
+    if queue is not None:
+        names.validate_name("queue", queue)
+    return keys, options
+
+
 @dataclass
 class HandlerSpec:
     """A handler as registered (``@events.handler``), before the service's settings are known."""
@@ -163,6 +185,19 @@ class HandlerSpec:
     fn: Callable[..., Any]
     binding_keys: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], binding_keys: tuple[str, ...], options: dict[str, Any]) -> HandlerSpec:
+        """``fn`` registered with ``options``, refused now if the worker could not run it.
+
+        The worker acks once the call returns, run or not: an ``async def`` or generator
+        function, a class, or one that cannot take the argument is refused at import time.
+        """
+        argument, parameter = handler_argument(bind=options["bind"], raw=options["raw"])
+        check_runnable(fn, role="handler", argument=argument, parameter=parameter)
+        if options["name"] is None and not isinstance(getattr(fn, "__name__", None), str):
+            raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
+        return cls(fn, binding_keys, options)
 
     def resolve(self, service: str, s: Settings) -> Handler:
         """The handler this registration stands for, checked against the service's settings."""
