@@ -36,7 +36,7 @@ GROWTHS = ("exponential", "linear")
 class CircuitBreaker:
     """When a circuit trips, how long it stays open, and when its trips log at error.
 
-    Defaults follow seed 001: 2 Unhealthy or 10 Degraded health checks in 10 s trip it,
+    Defaults follow Celery 5's architecture draft (CEP): 2 Unhealthy or 10 Degraded health checks in 10 s trip it,
     and 3 trips within 5 minutes make trips log at error, back to warning 30 minutes
     after the last such trip.
     """

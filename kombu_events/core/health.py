@@ -3,8 +3,8 @@
 A health check is a plain function, registered with ``@events.health_check(handler,
 ...)``, that looks at what a handler depends on (a database, an API) and returns one
 of the three statuses, optionally with a reason: ``return Unhealthy("db: connection
-refused")``. The circuit breakers of its handlers take the results as inputs (seed 001,
-"Worker Health Checks"). :func:`check` runs one and never raises; the breakers run it
+refused")``. The circuit breakers of its handlers take the results as inputs, as in the "Worker
+Health Checks" of Celery 5's architecture draft (CEP). :func:`check` runs one and never raises; the breakers run it
 in a thread of its own, never on the worker's event loop.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Publisher health checks (seed 001, "Publisher Health Checks"): the broker answers, and the user's own.
+"""Publisher health checks (as in Celery 5's architecture draft, the CEP): the broker answers, and the user's own.
 
 A publisher check is a function returning ``Healthy``, ``Degraded`` or ``Unhealthy``,
 as a handler's health check does (:mod:`kombu_events.core.health`); it raises or returns

@@ -9,19 +9,18 @@ duplicates, never loses.
 Every method that kombu, py-amqp, the pool or the hub calls logs what went wrong and
 returns: an exception escaping into Celery's event loop ends the worker. An effect
 on the connection asked for from inside one of them (a breaker pausing a queue from
-a ``settled`` hook, which runs inside a confirm) goes to a mailbox, drained on the
-event loop once the callback has returned (see :meth:`ServiceConsumer.call_soon_threadsafe`).
+a ``settled`` hook, which runs inside a confirm) goes to a
+:class:`~kombu_events.worker.mailbox.Mailbox`, run on the event loop once the callback
+has returned.
 """
 from __future__ import annotations
 
 __all__ = ["ServiceConsumer"]
 
 import logging
-import os
 import socket
 import threading
 import time
-from collections import deque
 from functools import partial
 from typing import Any, Callable
 
@@ -37,6 +36,7 @@ from ..core.settlement import Ack, Republish, Step, plan
 from ..middleware.control import Control
 from ..registry import Route
 from . import runner
+from .mailbox import Mailbox
 from .screening import announce, screen
 
 logger = logging.getLogger(__name__)
@@ -70,13 +70,7 @@ class ServiceConsumer:
         self._hub: Any = None
         self._userid: str | None = None
         self._loop_ident = threading.get_ident()
-        self._mailbox: deque[Callable[[], Any]] = deque()
-        self._wake: tuple[int, int] | None = None
-        #: Whether the mailbox is being run (an item's wait on the broker may dispatch callbacks that queue more).
-        self._draining = False
-        #: Without an event loop: Celery's consumer.call_soon, run between two reads of its blocking loop.
-        self._celery_call_soon: Callable[[Callable[[], Any]], Any] | None = None
-        self._drain_asked = False
+        self.mailbox = Mailbox(self.settings.service)
         self._channel_check: Any = None
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
@@ -91,7 +85,7 @@ class ServiceConsumer:
         self._close_channels()
         declare(self.topology, connection)
         self._pool, self._hub, self._connection = pool, hub, connection
-        self._celery_call_soon = call_soon if hub is None else None
+        self.mailbox.use_call_soon(call_soon if hub is None else None)
         self._userid = getattr(connection, "userid", None)
         self._loop_ident = threading.get_ident()
         channel = connection.channel()
@@ -114,17 +108,13 @@ class ServiceConsumer:
     def consume(self) -> None:
         """Start receiving; with an event loop only once the pool is registered with it."""
         if self._hub is not None:
-            if self._wake is None:
-                self._wake = os.pipe()
-                os.set_blocking(self._wake[0], False)
-                os.set_blocking(self._wake[1], False)
-            self._hub.add_reader(self._wake[0], self._drain_mailbox)
+            self.mailbox.watch(self._hub)
             self._channel_check = self._hub.call_repeatedly(CHANNEL_CHECK_S, self._check_channels)
         self._started = True
         self.control.attach(self._connection, self._hub)
         if self.hooks.on_started:
             self.hooks.started(self.control)  # what it pauses or resumes is queued, and carried out
-        self._drain_mailbox()  # here, before any consumer starts: a queue paused at start never gets one
+        self.mailbox.drain()  # here, before any consumer starts: a queue paused at start never gets one
         for queue in list(self._consumers):
             if queue not in self._active and not self.control.is_paused(queue):
                 self._subscribe(queue, None)
@@ -197,25 +187,8 @@ class ServiceConsumer:
             logger.debug("kombu-events: %s failed: %s", doing, exc)
 
     def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` on the event loop once the callback running now has returned; from any thread.
-
-        With an event loop, ``fn`` goes to the mailbox and a byte on the wake pipe makes
-        the hub drain it on its next turn -- outside any frame py-amqp is dispatching.
-        Without one (gevent, eventlet), Celery's ``call_soon`` drains it between two reads
-        of its blocking loop. Before either is set up (nothing is consumed yet) it runs now.
-        """
-        self._mailbox.append(fn)
-        if self._wake is not None:
-            try:
-                os.write(self._wake[1], b"\0")
-            except OSError:
-                pass  # a wake-up byte is already pending
-        elif self._celery_call_soon is not None:
-            if not self._drain_asked:
-                self._drain_asked = True
-                self._celery_call_soon(self._drain_mailbox)
-        else:
-            self._drain_mailbox()  # no loop at all (not started yet, or a test): nothing else would run it
+        """Run ``fn`` on the event loop once the callback running now has returned; from any thread."""
+        self.mailbox.post(fn)
 
     def _check_channels(self) -> None:
         """Hub timer: a channel the broker closed (a refused consume, an ack it did not know) ends our
@@ -227,15 +200,10 @@ class ServiceConsumer:
     def shutdown(self) -> None:
         """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
         self.stop()
-        self._drain_mailbox()  # thread-pool completions posted once the event loop had stopped
+        self.mailbox.drain()  # thread-pool completions posted once the event loop had stopped
         self._await_confirms(timeout_s=5.0)
         self._close_channels()
-        if self._wake is not None:
-            if self._hub is not None:
-                _quietly(self._hub.remove, self._wake[0])
-            for fd in self._wake:
-                _quietly(os.close, fd)
-            self._wake = None
+        self.mailbox.close(self._hub)
 
     def _await_confirms(self, *, timeout_s: float) -> None:
         confirmer = self._confirmer
@@ -296,37 +264,13 @@ class ServiceConsumer:
 
     def _post(self, *item: Any) -> None:
         """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
-        if self._wake is None or threading.get_ident() == self._loop_ident:
+        if self.mailbox.pipe is None or threading.get_ident() == self._loop_ident:
             self._settle(*item)  # the common case, without building a callable per message
         else:
             try:
-                self.call_soon_threadsafe(partial(self._settle, *item))
+                self.mailbox.post(partial(self._settle, *item))
             except Exception:  # e.g. the wake pipe closed at shutdown: the message stays unacked
                 logger.exception("kombu-events: could not hand a result back to the event loop; left unacked")
-
-    def _drain_mailbox(self, *_: Any) -> None:
-        """Run what was queued for the loop, one by one; what they queue in turn runs in this same pass."""
-        if self._draining:
-            return  # an item of this pass is waiting on the broker: the pass runs what was queued meanwhile
-        self._drain_asked = False
-        self._draining = True
-        try:
-            try:
-                while self._wake is not None and os.read(self._wake[0], 4096):
-                    pass
-            except OSError:
-                pass
-            while self._mailbox:
-                fn = self._mailbox.popleft()
-                try:
-                    fn()
-                except BrokerSilent:
-                    raise  # Celery's loop takes it as a lost connection and reconnects; the rest waits for then
-                except Exception:
-                    logger.exception("kombu-events: %s, queued for the event loop of service %s, failed; skipped",
-                                     getattr(fn, "__qualname__", fn), self.settings.service)
-        finally:
-            self._draining = False
 
     # -- carrying out the plan -----------------------------------------------------------------
 
