@@ -1,69 +1,50 @@
 """``StubEvents``: an app's handlers run in-process by the worker's own code, over a virtual clock.
 
 No broker, no worker, no second failure policy: every message, published or
-republished, is routed by its exchange and routing key through the app's own topology
-(:mod:`kombu_events.testing.broker_model`: bindings, the delay ladder's TTLs and
-dead-lettering), so it lands where RabbitMQ would put it. A copy that lands in a
-handler queue is read into a :class:`~kombu_events.Delivery`, screened and announced
-as the worker's consumer does (:mod:`kombu_events.worker.screening`), run by the runner the pool
-runs, and settled by the planner's step, carried out in memory: a retry's copy waits
-out the ladder on the virtual clock (:meth:`StubEvents.advance`), an archived copy is
-recorded. A republish no queue takes is returned, and its fallback taken, as in the
-worker; a copy the ladder would drop on the way stops the stub. Nothing sleeps.
+republished, goes through the in-memory broker of :mod:`kombu_events.testing.stub_broker`,
+which routes it through the app's own topology to where RabbitMQ would put it. A copy
+that comes due in a handler queue is read into a :class:`~kombu_events.Delivery`,
+screened and announced as the worker's consumer does (:mod:`kombu_events.worker.screening`),
+run by the runner the pool runs, and settled by the planner's step, carried out in
+memory: a retry's copy waits out the ladder on the virtual clock
+(:meth:`StubEvents.advance`), an archived copy is recorded. A republish no queue takes
+is returned, and its fallback taken, as in the worker; a copy the ladder would drop on
+the way stops the stub. Nothing sleeps.
 """
 from __future__ import annotations
 
 __all__ = ["StubEvents", "LostCopy", "LOOP_LIMIT"]
 
 import copy
-import heapq
 import itertools
 import logging
 import random
 import time
 from decimal import Decimal
 from types import TracebackType
-from typing import Any, Callable, Iterable, Mapping, NamedTuple
+from typing import Any, Callable, Iterable, Mapping
 
 from .. import registry, signals
-from ..broker.confirms import RETURNED
-from ..core import decision, names
+from ..core import decision
 from ..core.codec import JSON
 from ..core.delivery import Delivery, read_delivery
 from ..core.event import Event
 from ..core.handlers import Handler
 from ..core.settlement import Republish, Step, plan
 from ..core.topology import Topology
-from ..errors import ConfigurationError, KombuEventsError, PublishError, UnroutableError
+from ..errors import ConfigurationError, KombuEventsError, PublishError
 from ..events import Events
 from ..publishing.publisher import Publisher, build_message
 from ..worker import runner
 from ..worker.screening import announce, screen
-from .broker_model import BrokerModel, Lost, Routed
+from .broker_model import Routed
 from .records import Pending, SentMessage, Settled, fails_fast
+from .stub_broker import LostCopy, QueuedCopy, StubBroker
 
 logger = logging.getLogger(__name__)
 
 #: Deliveries at one instant of the virtual clock after which join() gives up: something loops.
 LOOP_LIMIT = 10_000
-
-
-class _Queued(NamedTuple):
-    """A pending message in the heap: ordered by when it is due, then by when it was queued."""
-
-    due_ms: float
-    seq: int
-    delivered_with: str  # the routing key the broker delivers it with (a ladder key for a copy)
-    message: Pending
-
-
-class LostCopy(NamedTuple):
-    """A copy of a message that the broker would drop on its way: ``at`` virtual seconds, where and why."""
-
-    at: float
-    lost: Lost
-    routing_key: str  # the event's own routing key
-    message_id: Any
 
 
 class StubEvents:
@@ -87,29 +68,31 @@ class StubEvents:
             raise ConfigurationError(f"no Events service is registered on {self.app!r}")
         self._refuse = refuse
         self._rand = rand
-        self._now_ms = 0.0
-        self._seq = itertools.count()
-        self._queue: list[_Queued] = []
         self._topologies: dict[int, tuple[tuple[Handler, ...], Topology]] = {}
         self._calls: dict[Callable[..., Any], list[Any]] = {}
         self._running: Handler | None = None  # the handler runner.run is running now
         self._failure: BaseException | None = None  # the undeclared exception it raised
         self._saved: list[tuple[Events, Publisher | None]] = []
-        self._broker: tuple[tuple[Topology, ...], BrokerModel] | None = None
-        self._lost_seen = 0
-        #: Every message published, in order.
-        self.published: list[SentMessage] = []
+        self._broker = StubBroker(self.app, lambda: tuple(self._topology(e) for e in registry.services_of(self.app)))
         #: Every settled delivery, in order (``acked``, ``retried``, ... are views of it).
         self.settled: list[Settled] = []
-        #: Every copy the topology would drop on its way (join() and advance() raise for each).
-        self.lost: list[LostCopy] = []
 
     # -- records --------------------------------------------------------------------------------
 
     @property
+    def published(self) -> list[SentMessage]:
+        """Every message published, in order."""
+        return self._broker.published
+
+    @property
+    def lost(self) -> list[LostCopy]:
+        """Every copy the topology would drop on its way (join() and advance() raise for each)."""
+        return self._broker.lost
+
+    @property
     def now(self) -> float:
         """The virtual clock, in seconds since the stub was made."""
-        return self._now_ms / 1000
+        return self._broker.now
 
     def _of(self, *actions: str) -> list[Settled]:
         return [s for s in self.settled if s.action in actions]
@@ -142,7 +125,7 @@ class StubEvents:
     @property
     def pending(self) -> list[Pending]:
         """Messages waiting in handler queues, the next due first."""
-        return [queued.message for queued in sorted(self._queue)]
+        return self._broker.pending
 
     def calls(self, handler: Callable[..., Any]) -> list[Any]:
         """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True.
@@ -167,77 +150,13 @@ class StubEvents:
         ``content_encoding`` None leaves that property out; ``properties`` adds or
         replaces any other. ``mandatory``: raise UnroutableError when no queue is bound.
         """
-        message = build_message(None if isinstance(payload, bytes) else payload, message_id=message_id,
-                                correlation_id=correlation_id, headers=headers)
-        sent = dict(message.properties)
-        for name, value in (("content_type", content_type), ("content_encoding", content_encoding)):
-            if value is None:
-                sent.pop(name, None)
-            else:
-                sent[name] = value
-        sent.update(properties or {})
-        body = payload if isinstance(payload, bytes) else bytes(message.body)
-        error = self._route(exchange or self._default_exchange(), routing_key, body, sent, mandatory)
+        body, sent = _outgoing(payload, headers, content_type, content_encoding, message_id, correlation_id,
+                               properties)
+        exchange = exchange or _default_exchange(self._events, self.app)
+        error = self._broker.route(exchange, routing_key, body, sent, mandatory)
         if error is not None:
             raise error
         return sent.get("message_id")
-
-    def _default_exchange(self) -> str:
-        if self._events is not None:
-            return str(self._events.settings.exchange)
-        exchanges = sorted({events.settings.exchange for events in registry.services_of(self.app)})
-        if len(exchanges) != 1:
-            raise ConfigurationError(f"the app's services use exchanges {exchanges}: pass exchange=")
-        return str(exchanges[0])
-
-    def _route(self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any],
-               mandatory: bool) -> PublishError | None:
-        """Route a publish through the app's topology: a copy for every handler queue it lands in, now or, for
-        a delayed publish (to the exchange's own ladder), when it comes due; a delayed one no queue is
-        bound for when due waits in the exchange's unrouted queue, and is only recorded."""
-        routed = self._model().publish(exchange, routing_key)
-        event_exchange, event_key, delay_ms = self._undelayed(exchange, routing_key)
-        queues = self._land(routed, event_key, body, properties)
-        self.published.append(SentMessage(event_exchange, event_key, body, properties, queues, delay_ms))
-        if routed.entered or not mandatory:  # a delayed publish is taken into the ladder: returned never
-            return None
-        return UnroutableError(f"event {event_key!r} published to exchange {event_exchange!r} was not routed to any "
-                               "queue (no handler is bound with a matching key)", exchange=event_exchange,
-                               routing_key=event_key)
-
-    def _undelayed(self, exchange: str, routing_key: str) -> tuple[str, str, float]:
-        """(events exchange, event key, delay in ms) of a message published to an exchange's ladder."""
-        for events in registry.services_of(self.app):
-            s = events.settings
-            if s.publish_delay_levels and exchange.startswith(names.deferred_exchange(s.exchange) + "."):
-                words = routing_key.split(".")
-                units = int("".join(words[:s.publish_delay_levels]), 2)
-                return s.exchange, ".".join(words[s.publish_delay_levels:]), units * s.publish_delay_unit_ms
-        return exchange, routing_key, 0.0
-
-    def _model(self) -> BrokerModel:
-        """The broker model of the topologies of every service of the app (rebuilt when a handler is added)."""
-        topologies = tuple(self._topology(events) for events in registry.services_of(self.app))
-        built = self._broker
-        if built is None or len(built[0]) != len(topologies) or any(a is not b for a, b in zip(built[0], topologies)):
-            built = self._broker = (topologies, BrokerModel(topologies))
-        return built[1]
-
-    def _land(self, routed: Routed, event_key: str, body: bytes, properties: Mapping[str, Any]) -> tuple[str, ...]:
-        """Queue a copy for each handler queue ``routed`` lands in (due after the TTLs it waits out); keep what is
-        lost. What lands in another queue (the archive, the exchange's unrouted queue) stays there."""
-        consumed = self._model().consumed
-        landed = tuple(landing for landing in routed.landings if landing.queue in consumed)
-        for landing in landed:
-            self._push(self._now_ms + landing.after_ms, landing.routing_key,
-                       Pending(0.0, landing.queue, event_key, body, copy.deepcopy(dict(properties))))
-        self.lost += [LostCopy(self.now + lost.after_ms / 1000, lost, event_key, properties.get("message_id"))
-                      for lost in routed.lost]
-        return tuple(landing.queue for landing in landed)
-
-    def _push(self, due_ms: float, delivered_with: str, message: Pending) -> None:
-        queued = _Queued(due_ms, next(self._seq), delivered_with, message._replace(due=due_ms / 1000))
-        heapq.heappush(self._queue, queued)
 
     # -- the clock --------------------------------------------------------------------------------
 
@@ -249,16 +168,16 @@ class StubEvents:
         :func:`fails_fast` says nobody declared (the messages after it stay pending).
         """
         registry.resolve(self.app)  # the runner finds this app's handler by queue name
-        self._check_lost()
+        self._broker.check_lost()
         with _Listening(self):
             for count in itertools.count(1):
-                if not self._queue or self._queue[0].due_ms > self._now_ms:
+                if self._broker.next_due(self._broker.now_ms) is None:
                     return
                 if count > LOOP_LIMIT:
                     raise KombuEventsError(f"join() handled {LOOP_LIMIT} messages at t={self.now:g} s and more are "
                                            "due: does a handler or middleware send them back with no delay?")
-                failure = self._deliver(heapq.heappop(self._queue))
-                self._check_lost()
+                failure = self._deliver(self._broker.take())
+                self._broker.check_lost()
                 if fail_fast and failure is not None:
                     raise failure
 
@@ -269,12 +188,13 @@ class StubEvents:
         """
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0:
             raise ValueError(f"advance() takes seconds >= 0, got {seconds!r}")
-        target_ms = self._now_ms + float(Decimal(repr(float(seconds))) * 1000)
+        clock = self._broker
+        target_ms = clock.now_ms + float(Decimal(repr(float(seconds))) * 1000)
         self.join(fail_fast=fail_fast)
-        while self._queue and self._queue[0].due_ms <= target_ms:
-            self._now_ms = max(self._now_ms, self._queue[0].due_ms)
+        while (due_ms := clock.next_due(target_ms)) is not None:
+            clock.now_ms = max(clock.now_ms, due_ms)
             self.join(fail_fast=fail_fast)
-        self._now_ms = target_ms
+        clock.now_ms = target_ms
 
     # -- one delivery, as the worker's consumer and pool handle it -------------------------------
 
@@ -292,7 +212,7 @@ class StubEvents:
             cached = self._topologies[id(events)] = (handlers, events.topology())
         return cached[1]
 
-    def _deliver(self, queued: _Queued) -> BaseException | None:
+    def _deliver(self, queued: QueuedCopy) -> BaseException | None:
         """Receive, screen, run, plan and settle one message; the undeclared exception its handler raised."""
         message, self._failure = queued.message, None
         events, handler, topology = self._route_of(message.queue)
@@ -329,34 +249,13 @@ class StubEvents:
         while isinstance(step, Republish):
             why = self._refuse(step) if self._refuse is not None else None
             if why is None:
-                routed, why = self._republish(step)
+                routed, why = self._broker.republish(step.exchange, step.routing_key)
             if why is None:
                 break
             step = step.if_refused(why)
         if isinstance(step, Republish) and routed is not None:
-            self._land(routed, delivery.routing_key, delivery.body, step.properties)
+            self._broker.land(routed, delivery.routing_key, delivery.body, step.properties)
         return step
-
-    def _republish(self, step: Republish) -> tuple[Routed | None, str | None]:
-        """Where the broker routes a mandatory republish, or why it refuses it (as the worker would hear it)."""
-        model = self._model()
-        key = step.routing_key.decode("utf-8", "surrogateescape") if isinstance(step.routing_key, bytes) \
-            else step.routing_key
-        if not model.has_exchange(step.exchange):  # the broker closes the channel: the publish fails
-            return None, f"NOT_FOUND - no exchange {step.exchange!r}"
-        routed = model.publish(step.exchange, key)
-        return (routed, None) if routed.entered else (None, RETURNED)
-
-    def _check_lost(self) -> None:
-        """Raise for a copy lost since the last check: RabbitMQ would drop it, and nobody would know."""
-        if len(self.lost) > self._lost_seen:
-            dropped = self.lost[self._lost_seen]
-            self._lost_seen = len(self.lost)
-            lost = dropped.lost
-            raise KombuEventsError(
-                f"message {dropped.message_id!r} (event {dropped.routing_key!r}) would be lost at t={dropped.at:g} s: "
-                f"it expires from queue {lost.queue!r} into exchange {lost.exchange!r} with routing key "
-                f"{lost.routing_key!r}, and {lost.why}; RabbitMQ drops it (see stub.lost)")
 
     def _record(self, handler: Handler, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
         if isinstance(step, Republish):
@@ -387,7 +286,7 @@ class StubEvents:
         """Make the app's services publish into this stub (``events.publish``, ``publish_many``, ``@event``)."""
         for events in registry.services_of(self.app):
             self._saved.append((events, events.publishing._publisher))
-            events.publisher = _StubPublisher(self)
+            events.publisher = _StubPublisher(self._broker)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -396,6 +295,32 @@ class StubEvents:
         while self._saved:
             events, publisher = self._saved.pop()
             events.publisher = publisher
+
+
+def _outgoing(payload: Any, headers: Mapping[str, Any] | None, content_type: str | None,
+              content_encoding: str | None, message_id: str | None, correlation_id: str | None,
+              properties: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
+    """The body and properties :meth:`StubEvents.publish` sends, as any AMQP publisher would."""
+    message = build_message(None if isinstance(payload, bytes) else payload, message_id=message_id,
+                            correlation_id=correlation_id, headers=headers)
+    sent = dict(message.properties)
+    for name, value in (("content_type", content_type), ("content_encoding", content_encoding)):
+        if value is None:
+            sent.pop(name, None)
+        else:
+            sent[name] = value
+    sent.update(properties or {})
+    return (payload if isinstance(payload, bytes) else bytes(message.body)), sent
+
+
+def _default_exchange(events: Events | None, app: Any) -> str:
+    """The exchange :meth:`StubEvents.publish` publishes to when given none: the target's, else the app's one."""
+    if events is not None:
+        return str(events.settings.exchange)
+    exchanges = sorted({service.settings.exchange for service in registry.services_of(app)})
+    if len(exchanges) != 1:
+        raise ConfigurationError(f"the app's services use exchanges {exchanges}: pass exchange=")
+    return str(exchanges[0])
 
 
 class _Listening:
@@ -417,13 +342,13 @@ class _Listening:
 class _StubPublisher(Publisher):
     """What ``Events.publish`` and ``publish_many`` publish through while a stub stands in for the broker."""
 
-    def __init__(self, stub: StubEvents) -> None:
+    def __init__(self, broker: StubBroker) -> None:
         super().__init__("memory://")
-        self.stub = stub
+        self.broker = broker
 
     def publish_many(self, items: Iterable[tuple[str, str, Any]]) -> list[PublishError | None]:
-        """Route each message into the stub, mandatory, as the broker would; one error or None each."""
-        return [self.stub._route(exchange, routing_key, bytes(message.body), dict(message.properties), True)
+        """Route each message into the stub's broker, mandatory, as the broker would; one error or None each."""
+        return [self.broker.route(exchange, routing_key, bytes(message.body), dict(message.properties), True)
                 for exchange, routing_key, message in items]
 
     def close(self) -> None:
