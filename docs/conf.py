@@ -3,11 +3,17 @@
 The Markdown pages are read by MyST as they are; the API reference comes from the
 docstrings; the topology picture is generated at build time by the real CLI,
 ``kombu-events -A shop declare --dry-run --format dot``, from the tutorial's example
-service in ``_examples/shop.py``, and drawn by Graphviz's ``dot``.
+service in ``_examples/shop.py``, and drawn by Graphviz's ``dot``. The architecture
+picture is generated at build time too: the rows are the layers of import-linter's
+contract in ``setup.cfg``, the arrows the imports the package's source has (read with
+``ast``), so it changes when either does.
 """
 from __future__ import annotations
 
+import ast
+import configparser
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +72,171 @@ def _topology_dot() -> None:
     out.write_text(result.stdout)
 
 
+PACKAGE = HERE.parent / "kombu_events"
+ROOT = "__init__"  # the package's own __init__.py, which imports the public names: in no layer
+
+
+def _layers() -> list[tuple[list[str], bool]]:
+    """The rows of setup.cfg's layers contract on ``kombu_events``, top to bottom: (names, independent)."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read(HERE.parent / "setup.cfg", encoding="utf-8")
+    for section in config.sections():
+        contract = config[section]
+        if (section.startswith("importlinter:contract:") and contract.get("type") == "layers"
+                and contract.get("containers", "").split() == ["kombu_events"]):
+            rows = [row.strip() for row in contract["layers"].splitlines() if row.strip()]
+            return [([name.strip().strip("()") for name in re.split(r"[|:]", row)], ":" not in row) for row in rows]
+    raise RuntimeError("setup.cfg has no import-linter layers contract with containers = kombu_events")
+
+
+def _folder_imports() -> dict[tuple[str, str], list[str]]:
+    """Every import between two of the package's top-level modules and folders (or its ``__init__``),
+    wherever it sits (module level, ``if TYPE_CHECKING:``, a function), with the file:line of each."""
+    tops = {path.stem if path.suffix == ".py" else path.name for path in PACKAGE.iterdir()
+            if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").is_file()}
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ["kombu_events", *path.relative_to(PACKAGE).with_suffix("").parts]
+        package = module[:-1]  # what `from .` means in it (for an __init__.py, its own package)
+        importer = module[1] if len(module) > 2 or module[-1] != "__init__" else ROOT
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, *([node.module] if node.module else [])])
+                names = [f"{source}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "kombu_events":
+                    continue
+                imported = parts[1] if len(parts) > 1 and parts[1] in tops else ROOT  # `from .. import __version__`
+                where = f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno}"
+                if imported != importer and where not in arrows.setdefault((importer, imported), []):
+                    arrows[importer, imported].append(where)
+    return arrows
+
+
+def _summary(name: str) -> str:
+    """The first sentence of a top-level module's or folder's docstring, as plain text (the node's tooltip)."""
+    path = PACKAGE / ("__init__.py" if name == ROOT else f"{name}/__init__.py")
+    if not path.is_file():
+        path = PACKAGE / f"{name}.py"
+    text = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    text = " ".join(text.split("\n\n")[0].split())
+    text = re.sub(r":\w+:`~?([^`]*)`", r"\1", text).replace("``", "")
+    return text.split(". ")[0].rstrip(".") + "."
+
+
+def _label(name: str) -> str:
+    if name == ROOT:
+        return "kombu_events/__init__.py"
+    return f"{name}/" if (PACKAGE / name).is_dir() else f"{name}.py"
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _architecture() -> None:
+    """Write ``_generated/architecture.dot`` and ``_generated/architecture-imports.md``.
+
+    The picture: setup.cfg's layers as rows, top to bottom (the package's ``__init__``, in no
+    layer, just above the highest row it imports), and the imports between top-level modules and
+    folders as arrows. An arrow that others imply (a -> b -> c makes a -> c) is left out; an
+    import the layers forbid is red, with its file:line. The table: every import, none left out.
+    """
+    rows = _layers()
+    arrows = _folder_imports()
+    independent = {name: flag for names, flag in rows for name in names}
+    rank = {name: index for index, (names, _) in enumerate(rows) for name in names}
+    under_root = min((rank[b] for a, b in arrows if a == ROOT and b in rank), default=len(rows))
+    rows.insert(under_root, ([ROOT], True))
+    rank = {name: index for index, (names, _) in enumerate(rows) for name in names}
+    stray = sorted({name for arrow in arrows for name in arrow} - set(rank))  # no layer: the contract fails too
+    if stray:
+        rows.append((stray, True))
+        rank.update(dict.fromkeys(stray, len(rows) - 1))
+
+    def allowed(a: str, b: str) -> bool:
+        if a in stray or b in stray:
+            return False
+        return rank[b] > rank[a] or (rank[a] == rank[b] and not independent.get(a, True))
+
+    downward = {arrow for arrow in arrows if allowed(*arrow)}
+    broken = sorted(set(arrows) - downward)
+
+    def implied(a: str, b: str) -> bool:  # b is reached from a by other downward arrows
+        todo, seen = [a], {a}
+        while todo:
+            here = todo.pop()
+            for x, y in downward:
+                if x == here and (x, y) != (a, b) and y not in seen:
+                    if y == b:
+                        return True
+                    seen.add(y)
+                    todo.append(y)
+        return False
+
+    number = 0
+    lines = [
+        "digraph architecture {",
+        '  graph [rankdir=TB, newrank=true, ranksep=0.32, nodesep=0.3, fontname="Helvetica", bgcolor="transparent"];',
+        '  node [shape=box, style="rounded,filled", fillcolor="#eef3fb", color="#4a6fa5", fontname="Helvetica",'
+        ' fontsize=13, height=0.34, margin="0.14,0.04"];',
+        '  edge [color="#7d8799", arrowsize=0.6, fontname="Helvetica"];',
+    ]
+    for index, (names, _) in enumerate(rows):
+        if names == [ROOT]:
+            row_label = "package"
+        elif names == stray:
+            row_label = "no layer"
+        else:
+            number += 1
+            row_label = f"layer {number}"
+        lines.append(f'  row{index} [shape=plaintext, style="", fontsize=11, fontcolor="#7d8799",'
+                     f" label={_quote(row_label)}];")
+        for name in names:
+            colours = ('"#fde8e8", color="#c0392b"' if name in stray else
+                       '"#f4f4f4", color="#999999"' if name == ROOT else '"#eef3fb", color="#4a6fa5"')
+            lines.append(f"  {_quote(name)} [label={_quote(_label(name))}, tooltip={_quote(_summary(name))},"
+                         f" fillcolor={colours}];")
+        lines.append(f"  {{ rank=same; row{index}; {'; '.join(_quote(name) for name in names)}; }}")
+    lines += [f"  row{index} -> row{index + 1} [style=invis];" for index in range(len(rows) - 1)]
+    for a, b in sorted(downward):
+        if not implied(a, b):
+            lines.append(f"  {_quote(a)} -> {_quote(b)} [tooltip={_quote(', '.join(arrows[a, b]))}];")
+    for a, b in broken:
+        lines.append(f'  {_quote(a)} -> {_quote(b)} [color="#c0392b", fontcolor="#c0392b", penwidth=1.6,'
+                     f" constraint=false, fontsize=11, label={_quote(' ' + ', '.join(arrows[a, b]))},"
+                     f" tooltip={_quote(', '.join(arrows[a, b]))}];")
+    lines.append("}")
+
+    table = ["| layer | module or folder | imports, today |", "|---|---|---|"]
+    number = 0
+    for names, _ in rows:
+        if names == [ROOT]:
+            row_label = "(package)"
+        elif names == stray:
+            row_label = "(none)"
+        else:
+            number += 1
+            row_label = str(number)
+        for name in names:
+            imported = [f"`{_label(b)}`" for a, b in sorted(downward, key=lambda arrow: rank[arrow[1]]) if a == name]
+            imported += [f"**`{_label(b)}`, against the layers: {', '.join(arrows[a, b])}**"
+                         for a, b in broken if a == name]
+            table.append(f"| {row_label} | `{_label(name)}` | {', '.join(imported) or '—'} |")
+
+    out = HERE / "_generated"
+    out.mkdir(exist_ok=True)
+    (out / "architecture.dot").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "architecture-imports.md").write_text("\n".join(table) + "\n", encoding="utf-8")
+
+
 def setup(app: object) -> None:
-    """Generate the topology picture before the pages are read."""
+    """Generate the topology and architecture pictures before the pages are read."""
     _topology_dot()
+    _architecture()

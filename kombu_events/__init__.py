@@ -1,8 +1,6 @@
 """kombu-events: consume AMQP events in a Celery worker, with broker-side retries and an archive."""
 from __future__ import annotations
 
-__version__ = "0.2.0"
-
 from .core.backoff import Constant, Exponential
 from .core.circuit import CircuitBreaker
 from .core.decision import Outcome
@@ -33,6 +31,7 @@ from .middleware.base import Middleware
 from .publishing.backlog import Backlog
 from .publishing.backlog_policy import Published
 from .publishing.checks import PublisherCheck
+from .version import __version__ as __version__
 
 __all__ = [
     "Events", "Event", "Retry", "Archive", "Poisoned", "poisonous", "Exponential", "Constant",

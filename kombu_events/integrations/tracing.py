@@ -26,9 +26,10 @@ except ImportError as exc:  # pragma: no cover - the extra is not installed
     raise ImportError(f"kombu_events.tracing needs opentelemetry-api: pip install 'kombu-events[opentelemetry]' "
                       f"({exc})") from exc
 
-from .. import __version__, registry
+from .. import registry
 from ..core.event import Event
 from ..middleware.base import Middleware
+from ..version import __version__
 
 logger = logging.getLogger(__name__)
 
