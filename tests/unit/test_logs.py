@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from kombu_events import cli
+from kombu_events.cli import common
 from kombu_events.core.logs import log_outcome, safe_text, safe_url
 
 # (text, every spelling of its password(s), what it reads as once masked): good for safe_url and safe_text.
@@ -46,7 +46,7 @@ UNCHANGED = ["amqp://guest@localhost:5672//", "amqp://localhost:5672//", "memory
              "redis://h:6379/0", "no URL here: user:password@host", ""]
 
 
-@pytest.mark.parametrize("mask", [safe_url, safe_text, cli.safe_text], ids=["safe_url", "safe_text", "cli"])
+@pytest.mark.parametrize("mask", [safe_url, safe_text, common.safe_text], ids=["safe_url", "safe_text", "cli"])
 @pytest.mark.parametrize("text, passwords, expected", MASKED)
 def test_passwords_are_masked_and_the_rest_stays_readable(mask, text, passwords, expected):
     masked = mask(text)
@@ -55,7 +55,7 @@ def test_passwords_are_masked_and_the_rest_stays_readable(mask, text, passwords,
     assert masked == expected
 
 
-@pytest.mark.parametrize("mask", [safe_text, cli.safe_text], ids=["safe_text", "cli"])
+@pytest.mark.parametrize("mask", [safe_text, common.safe_text], ids=["safe_text", "cli"])
 @pytest.mark.parametrize("text, passwords, expected", IN_TEXT)
 def test_every_url_of_an_error_text_is_masked(mask, text, passwords, expected):
     masked = mask(text)
@@ -64,7 +64,7 @@ def test_every_url_of_an_error_text_is_masked(mask, text, passwords, expected):
     assert masked == expected
 
 
-@pytest.mark.parametrize("mask", [safe_url, safe_text, cli.safe_text], ids=["safe_url", "safe_text", "cli"])
+@pytest.mark.parametrize("mask", [safe_url, safe_text, common.safe_text], ids=["safe_url", "safe_text", "cli"])
 @pytest.mark.parametrize("text", UNCHANGED)
 def test_text_without_a_password_is_unchanged(mask, text):
     assert mask(text) == text

@@ -1,0 +1,138 @@
+"""The commands that look at a running service and change nothing: ``status`` (ready/unacked messages and
+consumers of every queue, delay level and the archive; exit 2 past ``--max-archive``), ``health`` (exit 1 and
+one line per problem, for a readiness probe or an alert) and ``schedules`` (each periodic schedule's period,
+last run and next due time, read from its state queue on the broker)."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from amqp.exceptions import NotFound
+from kombu import Connection
+
+from ..core.logs import safe_text, safe_url
+from ..core.schedule import summary
+from ..errors import BrokerUnavailableError
+from ..ops.health import missing_exchanges, problems
+from ..ops.status import PAUSED, gather
+from ..periodic.runner import now_ms, peek_state
+from .common import Context, examples, guarded
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--max-archive", type=click.IntRange(min=0), help="Exit 2 when the archive holds more messages.")
+@click.option("--management-url", help="RabbitMQ management API (default http://<broker host>:15672).")
+@click.pass_obj
+@guarded
+def status(obj: Context, as_json: bool, max_archive: int | None, management_url: str | None) -> None:
+    """Ready/unacked messages and consumers of every queue, delay level and the archive.
+
+    A handler queue with no consumer shows as PAUSED: its circuit breaker is open, or no worker runs.
+    """
+    with obj.connection() as conn:
+        rows = gather(conn, obj.events.topology(), management_url)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        click.echo(f"{'queue':<48} {'role':<8} {'ready':>8} {'unacked':>8} {'consumers':>9}  state")
+        for r in rows:
+            cells = ["-" if v is None else str(v) for v in (r.ready, r.unacked, r.consumers)]
+            name = r.queue if r.exists else f"{r.queue} (missing)"
+            state = "PAUSED (no consumer)" if r.state == PAUSED else (r.state or "")
+            click.echo(f"{name:<48} {r.role:<8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9}  {state}".rstrip())
+    for r in rows:
+        if r.state == PAUSED:
+            click.echo(f"WARNING: handler queue {r.queue} has no consumer: paused (its circuit breaker is open) "
+                       f"or no worker consumes it; {r.ready} message(s) wait in it", err=True)
+        if r.role == "unrouted" and r.ready:
+            click.echo(f"WARNING: {r.ready} delayed event(s) came due with no queue bound for their key: "
+                       f"they wait in {r.queue}", err=True)
+    archived = next((r.ready or 0) for r in rows if r.role == "archive")
+    if max_archive is not None and archived > max_archive:
+        click.echo(f"ALERT: archive holds {archived} messages (more than --max-archive {max_archive})", err=True)
+        sys.exit(2)
+
+
+examples(status,
+         "kombu-events -A proj.events status",
+         "kombu-events -A proj.events status --json --max-archive 0   # exit 2 if anything is archived")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: healthy, problems, queues.")
+@click.option("--max-archive", type=click.IntRange(min=0), help="A problem when the archive holds more messages.")
+@click.pass_obj
+@guarded
+def health(obj: Context, as_json: bool, max_archive: int | None) -> None:
+    """Exit 0 when the broker is reachable, the topology exists and every handler queue has a consumer.
+
+    Exit 1 otherwise (also when the archive holds more than --max-archive messages),
+    with one line per problem: a readiness check or an alert.
+    """
+    topology = obj.events.topology()
+    rows: list[Any] = []
+    try:
+        with obj.connection() as conn:
+            rows = gather(conn, topology)
+            found = problems(rows, missing=missing_exchanges(conn, topology), max_archive=max_archive)
+    except BrokerUnavailableError as exc:
+        found = [f"broker: {safe_text(str(exc))}"]
+    if as_json:
+        click.echo(json.dumps({"healthy": not found, "problems": found, "queues": [r.as_dict() for r in rows]},
+                              indent=2))
+    else:
+        for line in found:
+            click.echo(line)
+        if not found:
+            click.echo(f"healthy: {obj.events.service} on {safe_url(obj.url)}")
+    if found:
+        sys.exit(1)
+
+
+examples(health,
+         "kombu-events -A proj.events health                  # exit 1 and one line per problem",
+         "kombu-events -A proj.events health --max-archive 100 --json   # for a readiness probe or an alert")
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@guarded
+def schedules(obj: Context, as_json: bool) -> None:
+    """Each periodic schedule: its period, its last run and the next due time (read from the broker)."""
+    with obj.connection() as conn:
+        rows = [summary(s, _peek(conn, s.state_queue), now_ms()) for s in obj.events.schedules]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo(f"service {obj.events.service} has no periodic schedules", err=True)
+    click.echo(f"{'schedule':<24} {'every':>10} {'last run':>11} {'last due':<29} {'next due':<29} outcome")
+    for r in rows:
+        last = "-" if r["last_run"] is None else str(r["last_run"])
+        outcome = r.get("outcome") or r.get("note") or ""
+        click.echo(f"{r['schedule']:<24} {r['every_s']:>9g}s {last:>11} {r['last_due'] or '-':<29} "
+                   f"{r['next_due'] or '-':<29} {outcome}")
+
+
+examples(schedules,
+         "kombu-events -A proj.events schedules          # period, last run, next due of each schedule",
+         "kombu-events -A proj.events schedules --json   # the same as JSON")
+
+
+def _peek(connection: Connection, queue: str) -> Any:
+    """The state in ``queue`` (left there), or None when it was never written or has expired."""
+    channel = connection.channel()
+    try:
+        return peek_state(channel, queue)
+    except NotFound:
+        return None
+    finally:
+        try:
+            channel.close()
+        except Exception:  # a basic_get on a missing queue already closed the channel
+            pass
+
