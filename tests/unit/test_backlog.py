@@ -1,4 +1,4 @@
-"""backlog.py: the SQLite store (a file in tmp_path; no broker, no socket)."""
+"""publishing/backlog.py: the SQLite store (a file in tmp_path; no broker, no socket)."""
 from __future__ import annotations
 
 import os

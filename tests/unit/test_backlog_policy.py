@@ -1,4 +1,4 @@
-"""parking.py: the Published result, publish-or-store, and what a flushed batch settled (pure)."""
+"""publishing/backlog_policy.py: the Published result, publish-or-store, and what a flushed batch settled (pure)."""
 from __future__ import annotations
 
 import json

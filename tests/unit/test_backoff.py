@@ -1,4 +1,4 @@
-"""backoff.py: Exponential and Constant policies, property-tested."""
+"""core/backoff.py: Exponential and Constant policies, property-tested."""
 from __future__ import annotations
 
 import math

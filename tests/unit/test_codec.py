@@ -1,4 +1,4 @@
-"""codec.py: decoding by content type with an accept list; pickle only when asked for."""
+"""core/codec.py: decoding by content type with an accept list; pickle only when asked for."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""config.py: defaults, precedence, validation and the broker URL."""
+"""core/config.py: defaults, precedence, validation and the broker URL."""
 from __future__ import annotations
 
 import re

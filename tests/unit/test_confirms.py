@@ -1,4 +1,4 @@
-"""confirms.py: pipelined publisher confirms on a fake channel."""
+"""broker/confirms.py: pipelined publisher confirms on a fake channel."""
 from __future__ import annotations
 
 import collections

@@ -1,4 +1,4 @@
-"""confirms.py as a state machine: any broker behaviour, callbacks that raise or re-enter the Confirmer.
+"""broker/confirms.py as a state machine: any broker behaviour, callbacks that raise or re-enter the Confirmer.
 
 The test plays py-amqp's frame dispatch and the broker, including a broker that
 misbehaves (duplicate and unknown delivery tags, returns that match nothing). A

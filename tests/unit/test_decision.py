@@ -1,4 +1,4 @@
-"""decision.py: every branch of decide(), and its safety properties."""
+"""core/decision.py: every branch of decide(), and its safety properties."""
 from __future__ import annotations
 
 import pytest

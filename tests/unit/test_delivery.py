@@ -1,4 +1,4 @@
-"""delivery.py: read_delivery turns whatever arrived into a Delivery, naming what it could not read."""
+"""core/delivery.py: read_delivery turns whatever arrived into a Delivery, naming what it could not read."""
 from __future__ import annotations
 
 import pytest

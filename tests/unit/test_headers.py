@@ -1,4 +1,4 @@
-"""headers.py: attempt counting, the original routing key, and the headers of retries, archive, replay."""
+"""core/headers.py: attempt counting, the original routing key, and the headers of retries, archive, replay."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone

@@ -1,4 +1,4 @@
-"""ladder.py: the arithmetic of the delay ladder (levels, TTLs, routing keys), property-tested."""
+"""core/ladder.py: the arithmetic of the delay ladder (levels, TTLs, routing keys), property-tested."""
 from __future__ import annotations
 
 import math

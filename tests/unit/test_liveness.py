@@ -1,4 +1,4 @@
-"""liveness.py: the heartbeat timer on the event loop, and the pure verdict /healthz answers with."""
+"""integrations/liveness.py: the heartbeat timer on the event loop, and the pure verdict /healthz answers with."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""logs.py: passwords masked in URLs and error texts; the level of each outcome line."""
+"""core/logs.py: passwords masked in URLs and error texts; the level of each outcome line."""
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,4 @@
-"""names.py: the name helpers and validate_name."""
+"""core/names.py: the name helpers and validate_name."""
 from __future__ import annotations
 
 import pytest

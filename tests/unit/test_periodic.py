@@ -1,4 +1,4 @@
-"""periodic.py and Events.periodic without a broker: registration, the token handler's steps, seeds, the peek."""
+"""periodic/runner.py and Events.periodic without a broker: registration, the token handler's steps, seeds, the peek."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""runner.py: what runs in the pool -- decode, call the handler; decision.classify: how it ended."""
+"""worker/runner.py: what runs in the pool -- decode, call the handler; decision.classify: how it ended."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""schedule.py: the pure decision of periodic events, by example and against a model of the broker with crashes."""
+"""core/schedule.py: the pure decision of periodic events, by example and against a model of the broker with crashes."""
 from __future__ import annotations
 
 import heapq

@@ -1,4 +1,4 @@
-"""topic.py: RabbitMQ's topic matching, checked against a brute-force reference and the tutorial's table."""
+"""core/topic.py: RabbitMQ's topic matching, checked against a brute-force reference and the tutorial's table."""
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,4 @@
-"""topology.py: every exchange, queue, argument and binding of a service, with no I/O."""
+"""core/topology.py: every exchange, queue, argument and binding of a service, with no I/O."""
 from __future__ import annotations
 
 import pytest

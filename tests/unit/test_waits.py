@@ -1,4 +1,4 @@
-"""waits.py: a wait on the worker's connection is bounded, and running out is a lost connection."""
+"""broker/waits.py: a wait on the worker's connection is bounded, and running out is a lost connection."""
 from __future__ import annotations
 
 import socket
