@@ -1,4 +1,6 @@
-"""worker/bootstep.py: the step's start errors go on to Celery named by service; stop and shutdown reach every service."""
+"""worker/bootstep.py: the step's start errors go on to Celery named by service; stop and shutdown
+reach every service.
+"""
 from __future__ import annotations
 
 import logging

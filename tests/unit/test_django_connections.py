@@ -1,4 +1,6 @@
-"""middleware/django_connections.py: what is closed around a handler in each mode, with stand-ins for django.db (no database)."""
+"""middleware/django_connections.py: what is closed around a handler in each mode, with stand-ins for
+django.db (no database).
+"""
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,4 +1,6 @@
-"""integrations/exporter.py: the WSGI app behind /metrics and /healthz (called directly: no socket), multiprocess mode, wiring."""
+"""integrations/exporter.py: the WSGI app behind /metrics and /healthz (called directly: no socket),
+multiprocess mode, wiring.
+"""
 from __future__ import annotations
 
 import logging

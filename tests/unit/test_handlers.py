@@ -1,4 +1,6 @@
-"""core/handlers.py and event.py: binding-key validation, exception classes, runnable handlers, the Event a handler gets."""
+"""core/handlers.py and event.py: binding-key validation, exception classes, runnable handlers, the
+Event a handler gets.
+"""
 from __future__ import annotations
 
 import functools

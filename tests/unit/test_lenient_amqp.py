@@ -1,4 +1,6 @@
-"""broker/lenient_amqp.py: frames py-amqp's strict decoders raise on are decoded leniently, the rest exactly as before."""
+"""broker/lenient_amqp.py: frames py-amqp's strict decoders raise on are decoded leniently, the rest
+exactly as before.
+"""
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,6 @@
-"""middleware/base.py: Hooks calls the middleware that override a hook, in order; a failing one is logged and skipped."""
+"""middleware/base.py: Hooks calls the middleware that override a hook, in order; a failing one is
+logged and skipped.
+"""
 from __future__ import annotations
 
 import logging

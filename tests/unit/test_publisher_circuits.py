@@ -1,4 +1,6 @@
-"""publishing/circuits.py and probes.py: the publisher's circuits, fed by publishes and health checks (virtual clock)."""
+"""publishing/circuits.py and checks.py: the publisher's circuits, fed by publishes and health checks
+(virtual clock).
+"""
 from __future__ import annotations
 
 import pytest

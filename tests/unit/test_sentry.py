@@ -1,4 +1,6 @@
-"""integrations/sentry.py: handler errors captured by a real sentry_sdk client whose transport keeps the envelopes (no socket)."""
+"""integrations/sentry.py: handler errors captured by a real sentry_sdk client whose transport keeps
+the envelopes (no socket).
+"""
 from __future__ import annotations
 
 import logging

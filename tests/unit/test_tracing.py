@@ -1,4 +1,6 @@
-"""integrations/tracing.py: spans with the SDK's in-memory exporter, through the worker's own code (the stub), no socket."""
+"""integrations/tracing.py: spans with the SDK's in-memory exporter, through the worker's own code (the
+stub), no socket.
+"""
 from __future__ import annotations
 
 import celery
