@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: reporting what ran", file=sys.stderr)
     finally:
         Consumer.stop_all()
-        _clean(ctx)
+        clean(ctx)
     text = report.markdown(report.table(rows, results, fmt))
     print("\n" + text)
     a.output.write_text(f"# kombu-events benchmarks\n\n{header}\n\n{text}\n")
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-def _clean(ctx: Context) -> None:
+def clean(ctx: Context) -> None:
     """Delete the run's shared exchange and anything a crashed scenario left behind; say if anything remains."""
     queues, exchanges = broker.leftovers(ctx.prefix)
     broker.delete(ctx.url, queues=queues, exchanges=[*exchanges, ctx.exchange])

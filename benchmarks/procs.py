@@ -75,14 +75,21 @@ class Consumer:
     #: Started and not yet stopped (so an interrupted run can stop them all).
     running: ClassVar[list[Consumer]] = []
 
-    def __init__(self, args: list[str], env: dict[str, str], out: Path, name: str = "consumer") -> None:
+    def __init__(self, args: list[str], env: dict[str, str], out: Path, name: str = "consumer",
+                 tree: Path | None = None) -> None:
+        """``tree``: a source tree (e.g. a ``git worktree`` of another commit) whose ``kombu_events`` the
+        process imports instead of this checkout's (``benchmarks`` is still this checkout's)."""
         self.out = out
         self.log_path = out / f"{name}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 -- the worker writes it until stop() closes it
         full_env = dict(os.environ)
         full_env.update(env)
-        full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
-        self.proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=full_env, stdout=self._log,
+        path, cwd = [str(ROOT)], ROOT
+        if tree is not None:  # not ROOT as cwd: ``python -m`` puts the cwd first on sys.path
+            path, cwd = [str(only_kombu_events(tree, out)), str(ROOT)], out
+            full_env["KEB_TREE"] = str(Path(tree).resolve())  # the benchmark app checks what it imported
+        full_env["PYTHONPATH"] = os.pathsep.join([*path, full_env.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=full_env, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         self.sampler = RssSampler(self.proc.pid)
         self.sampler.start()
@@ -90,11 +97,11 @@ class Consumer:
 
     @classmethod
     def celery(cls, module: str, pool: str, concurrency: int, env: dict[str, str], out: Path,
-               *extra: str) -> Consumer:
+               *extra: str, tree: Path | None = None) -> Consumer:
         """``celery -A module worker`` with the benchmark flags."""
         args = ["-m", "celery", "-A", module, "worker", f"--pool={pool}", f"--concurrency={concurrency}",
                 *WORKER_FLAGS, f"--hostname=kebench-{os.getpid()}-{time.monotonic_ns()}@%h", *extra]
-        return cls(args, env, out, "worker")
+        return cls(args, env, out, "worker", tree)
 
     @property
     def log(self) -> str:
@@ -156,6 +163,17 @@ class Consumer:
         """Stop every consumer still running."""
         for consumer in list(cls.running):
             consumer.stop(timeout=10)
+
+
+def only_kombu_events(tree: Path, out: Path) -> Path:
+    """A directory in ``out`` holding only a link to ``tree``'s ``kombu_events`` (``tree`` has its own
+    ``benchmarks`` too, which must not shadow this checkout's)."""
+    path = out / "tree"
+    path.mkdir(exist_ok=True)
+    link = path / "kombu_events"
+    if not link.is_symlink():
+        link.symlink_to(Path(tree).resolve() / "kombu_events", target_is_directory=True)
+    return path
 
 
 def stop_group(proc: subprocess.Popen, timeout: float, *, alive: bool = True) -> None:

@@ -37,6 +37,7 @@ class Context:
     batch: int = 1_000
     wait_s: float = 120.0
     cold: bool = False
+    tree: Path | None = None  # events workers import kombu_events from this source tree (None: this checkout)
     prefix: str = field(default_factory=lambda: broker.unique("kebench-"))
     _seq: Any = field(default_factory=itertools.count)
 
@@ -273,7 +274,7 @@ class _Service:
                "KEB_WAIT_S": str(self.ctx.wait_s), **({"KEB_TRACING": str(self.tracing)} if self.tracing else {}),
                **({"KEB_PREFETCH": str(self.prefetch)} if self.prefetch is not None else {})}
         return Consumer.celery("benchmarks.apps.events_app", pool, concurrency, env, out,
-                               "--with-events-step", "-Q", self.task_queue, *extra)
+                               "--with-events-step", "-Q", self.task_queue, *extra, tree=self.ctx.tree)
 
 
 def _free_port() -> int:

@@ -6,14 +6,19 @@ Modes: ``noop`` (count and return), ``latency`` (also record publish -> start),
 ``fail_once`` (raise on the first attempt), ``wait`` (first attempt: ``Retry(delay=KEB_WAIT_S)``).
 ``KEB_TRACING=1`` adds :class:`~kombu_events.tracing.TracingMiddleware` (needs ``opentelemetry-sdk``);
 ``KEB_TRACING=0.1`` samples 10 % of traces.
+Imports only names every version of the package has at its top level (``python -m benchmarks.compare``
+runs it on older source trees too). The worker logs which ``kombu_events`` it imported, and refuses to
+start if that is not from ``KEB_TREE`` when set (see ``procs.Consumer``).
 """
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, Callable
 
 from celery import Celery
 
+import kombu_events
 from benchmarks import probe
 from kombu_events import Constant, Events, Middleware, Retry
 
@@ -117,7 +122,16 @@ def make_app(name: str, broker: str, task_queue: str) -> Celery:
     return app
 
 
+def _check_code() -> None:
+    """Log which ``kombu_events`` this worker runs; refuse any other than ``KEB_TREE``'s when it is set."""
+    code, tree = os.path.realpath(kombu_events.__file__), os.environ.get("KEB_TREE")
+    print(f"events_app: kombu_events from {code}", file=sys.stderr, flush=True)
+    if tree and not code.startswith(os.path.join(os.path.realpath(tree), "")):
+        raise ImportError(f"kombu_events imported from {code}, not from KEB_TREE={tree}")
+
+
 if "KEB_SERVICE" in os.environ:  # imported by the worker
+    _check_code()
     probe.install()
     app = make_app("kebench", os.environ["KEB_BROKER"], os.environ["KEB_TASKQ"])
     events = build(app, service=os.environ["KEB_SERVICE"], exchange=os.environ["KEB_EXCHANGE"],
