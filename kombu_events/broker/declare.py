@@ -1,13 +1,20 @@
-"""Declare a topology on the broker, idempotently; conflicts become TopologyConflictError."""
+"""Declare a topology on the broker, idempotently; conflicts become TopologyConflictError.
+
+Also the passive declares that read what the broker holds without changing it: the
+counts of queues (:func:`peek_queues`, :func:`peek_queue`, :func:`queue_counts` on a
+channel of the caller's) and the exchanges it lacks (:func:`absent_exchanges`).
+"""
 from __future__ import annotations
 
-__all__ = ["declare", "declare_queue", "conflict_error"]
+__all__ = ["declare", "declare_queue", "conflict_error", "QueueCounts", "queue_counts", "peek_queues", "peek_queue",
+           "absent_exchanges", "close_quietly"]
 
 import logging
 import re
-from typing import Any
+from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import NotFound, PreconditionFailed
+from kombu import Exchange
 
 from ..core.topology import Topology
 from ..errors import TopologyConflictError
@@ -57,10 +64,7 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
         logger.info("declared topology of service %s: %s", topology.settings.service, counts)
         return counts
     finally:
-        try:
-            channel.close()
-        except Exception:  # a failed declare already closed the channel
-            pass
+        close_quietly(channel)  # a failed declare already closed it
 
 
 def _guard(kind: str, name: str, fn: Any) -> None:
@@ -73,3 +77,81 @@ def _guard(kind: str, name: str, fn: Any) -> None:
 def declare_queue(channel: Any, queue: Any) -> None:
     """Declare one unbound kombu ``queue`` of a topology (no bindings) on ``channel``, e.g. one that expired."""
     _guard("queue", queue.name, queue.bind(channel).queue_declare)
+
+
+class QueueCounts(NamedTuple):
+    """What a passive ``queue.declare`` answers about a queue: its ready messages and its consumers."""
+
+    messages: int
+    consumers: int
+
+
+def queue_counts(channel: Any, name: str) -> QueueCounts:
+    """The counts of queue ``name``, by a passive declare on ``channel`` (the caller's, left open).
+
+    Raises amqp's NotFound when the queue does not exist; the broker then closes
+    ``channel`` (py-amqp reopens it: the caller still closes it).
+    """
+    _name, messages, consumers = channel.queue_declare(name, passive=True)
+    return QueueCounts(messages, consumers)
+
+
+def peek_queues(connection: Any, names: Iterable[str]) -> dict[str, QueueCounts | None]:
+    """The counts of each queue of ``names``, None for one that does not exist; nothing is created.
+
+    One passive ``queue.declare`` per queue, all on one channel of ``connection`` until
+    a missing queue makes the broker close it; the next queue gets a fresh one. Every
+    channel opened here is closed here (a failure to close is logged at debug).
+    """
+    return dict(_passive(connection, names, queue_counts))
+
+
+def peek_queue(connection: Any, name: str) -> QueueCounts | None:
+    """The counts of queue ``name``, None if it does not exist (a passive declare on a channel of its own)."""
+    return peek_queues(connection, [name])[name]
+
+
+def absent_exchanges(connection: Any, exchanges: Iterable[Exchange]) -> list[str]:
+    """Names of the ``exchanges`` the broker does not have, in their order (passive declares, channels as
+    :func:`peek_queues` uses them)."""
+    return [exchange.name for exchange, found in _passive(connection, exchanges, _exchange_exists) if found is None]
+
+
+def close_quietly(channel: Any) -> None:
+    """Close ``channel``; a failure (the connection went away meanwhile) is logged at debug, never raised."""
+    try:
+        channel.close()
+    except Exception as exc:
+        logger.debug("kombu-events: closing a channel failed: %s", exc)
+
+
+def _exchange_exists(channel: Any, exchange: Exchange) -> bool:
+    channel.exchange_declare(exchange.name, exchange.type, passive=True)
+    return True
+
+
+_Key = TypeVar("_Key")
+_Found = TypeVar("_Found")
+
+
+def _passive(connection: Any, keys: Iterable[_Key],
+             look: Callable[[Any, _Key], _Found]) -> list[tuple[_Key, _Found | None]]:
+    """``look(channel, key)`` for each of ``keys``, None where it raised NotFound; one channel until a 404."""
+    found: list[tuple[_Key, _Found | None]] = []
+    channel = None
+    try:
+        for key in keys:
+            if channel is None:
+                channel = connection.channel()
+            try:
+                found.append((key, look(channel, key)))
+            except NotFound:
+                found.append((key, None))
+                # The broker closed the channel; py-amqp reopens it at once, so it is closed here, or it
+                # would stay open for as long as the connection (a worker's, for the depth gauges).
+                close_quietly(channel)
+                channel = None
+    finally:
+        if channel is not None:
+            close_quietly(channel)
+    return found

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 from kombu import Exchange, Queue, binding
 
 from ..errors import DelayTooLongError
-from ..ops.dot import to_dot as render_dot
 from . import ladder, names
 from .config import Settings
 from .handlers import Handler
@@ -123,10 +122,6 @@ class Topology:
                 f"bind exchange {eb.destination.name} <- exchange {eb.source.name} key={eb.routing_key!r}"
             )
         return lines
-
-    def to_dot(self) -> str:
-        """The topology as a Graphviz ``dot`` graph: the ``declare --dry-run --format dot`` output."""
-        return render_dot(self)
 
 
 def _queue_args(settings: Settings, *, dead_letters: bool) -> dict[str, object]:

@@ -1,21 +1,20 @@
 """What Prometheus reads at scrape time: the metric families of a
-:class:`~kombu_events.integrations.metrics.PrometheusMetrics`.
+:class:`~kombu_events.integrations.metrics.PrometheusMetrics`'s counts.
 
 A prometheus_client collector: the middleware's hooks add to plain numbers on the
 event loop, and a scrape (on the HTTP server's thread) turns them into families.
+This module knows the counts only by their shape (:class:`Counts`): the middleware
+imports it, never the reverse.
 """
 from __future__ import annotations
 
-__all__ = ["Families", "BUCKETS", "CIRCUIT_STATES"]
+__all__ = ["Families", "Counts", "HandlerCounts", "BUCKETS", "CIRCUIT_STATES"]
 
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
-
-if TYPE_CHECKING:
-    from .metrics import PrometheusMetrics
 
 LABELS = ["service", "queue", "handler"]
 #: Values of the ``state`` label of ``kombu_events_circuit_state``.
@@ -25,10 +24,62 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.
 _BOUNDS = [floatToGoString(b) for b in BUCKETS] + ["+Inf"]
 
 
-class Families:
-    """The collector of one ``PrometheusMetrics``, registered on its registry."""
+class HandlerCounts(Protocol):
+    """What was counted for one handler queue (``metrics.QueueStats``), as a scrape reads it."""
 
-    def __init__(self, metrics: PrometheusMetrics) -> None:
+    @property
+    def labels(self) -> Sequence[str]:
+        """service, queue, handler."""
+
+    @property
+    def outcomes(self) -> Mapping[str, int]:
+        """Messages settled, by outcome."""
+
+    @property
+    def buckets(self) -> Sequence[int]:
+        """Handler runs per bucket of :data:`BUCKETS` (not cumulative), then +Inf."""
+
+    @property
+    def duration_s(self) -> float:
+        """The handler's total run time."""
+
+    @property
+    def in_flight(self) -> int:
+        """Messages received and not settled yet."""
+
+    @property
+    def exceptions(self) -> Mapping[str, int]:
+        """Exceptions raised by the handler, by type."""
+
+    @property
+    def depth(self) -> int | None:
+        """Ready messages in the queue at the last reading; None before the first."""
+
+    @property
+    def circuit(self) -> str:
+        """The state of the handler's circuit breaker."""
+
+
+class Counts(Protocol):
+    """Every count a scrape reads (``metrics.PrometheusMetrics``'s)."""
+
+    @property
+    def queues(self) -> Mapping[str, HandlerCounts]:
+        """Each handler queue's counts, by queue name."""
+
+    @property
+    def ladder_depths(self) -> Mapping[tuple[str, int], int]:
+        """Messages waiting in each level of the delay ladder, by (service, level)."""
+
+    @property
+    def archive_depths(self) -> Mapping[str, int]:
+        """Messages in the archive, by service."""
+
+
+class Families:
+    """The collector of one ``PrometheusMetrics``'s counts, registered on its registry."""
+
+    def __init__(self, metrics: Counts) -> None:
         self.metrics = metrics
 
     def describe(self) -> Iterator[Metric]:

@@ -29,7 +29,7 @@ from ..broker.waits import BrokerSilent, answer_within
 from ..core import decision
 from ..errors import UnroutableError
 from ..middleware.base import Middleware
-from ..ops.depths import DepthTarget, depth_targets, read_depths
+from ..ops.status import DepthTarget, depth_targets, read_depths
 from .metric_families import BUCKETS, CIRCUIT_STATES, Families
 
 logger = logging.getLogger(__name__)

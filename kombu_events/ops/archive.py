@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from amqp import Message
 
 from ..broker.confirms import Confirmer
+from ..broker.declare import queue_counts
 from ..core import headers as wire
 from ..core.topology import Topology
 
@@ -74,9 +75,11 @@ def _parse(msg: Any) -> ArchivedMessage:
 
 
 def _scan(channel: Any, queue: str) -> Iterator[ArchivedMessage]:
-    """Every message now in ``queue``, left unacked (they return when the channel closes)."""
-    _name, count, _consumers = channel.queue_declare(queue, passive=True)
-    for _ in range(count):
+    """Every message now in ``queue``, left unacked (they return when the channel closes).
+
+    A missing ``queue`` raises amqp's NotFound.
+    """
+    for _ in range(queue_counts(channel, queue).messages):
         msg = channel.basic_get(queue, no_ack=False)
         if msg is None:
             return

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 __all__ = ["to_dot"]
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-if TYPE_CHECKING:
-    from ..core.topology import Topology
+from ..core.topology import Topology
 
 #: Queue arguments worth showing inside a queue's ellipse (the dead-letter ones become edges).
 _SHOWN = {"x-message-ttl": "ttl {} ms", "x-max-length": "max-length {}", "x-queue-type": "{} queue",

@@ -3,15 +3,11 @@ from __future__ import annotations
 
 __all__ = ["problems", "missing_exchanges"]
 
-import logging
 from typing import Any, Iterable, Sequence
 
-from amqp.exceptions import NotFound
-
+from ..broker.declare import absent_exchanges
 from ..core.topology import Topology
 from .status import QueueStatus
-
-logger = logging.getLogger(__name__)
 
 DECLARE_HINT = "run `kombu-events declare` or start a worker"
 NO_CONSUMER = "paused: its circuit breaker is open, or no worker runs"
@@ -36,16 +32,4 @@ def problems(rows: Sequence[QueueStatus], *, missing: Iterable[str] = (), max_ar
 
 def missing_exchanges(connection: Any, topology: Topology) -> list[str]:
     """Names of the topology's exchanges the broker does not have (passive declares)."""
-    missing = []
-    for exchange in topology.exchanges:
-        channel = connection.channel()
-        try:
-            channel.exchange_declare(exchange.name, exchange.type, passive=True)
-        except NotFound:
-            missing.append(exchange.name)
-        finally:
-            try:
-                channel.close()
-            except Exception as exc:  # a failed passive declare already closed the channel
-                logger.debug("kombu-events: closing a channel failed: %s", exc)
-    return missing
+    return absent_exchanges(connection, topology.exchanges)

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from amqp import Message
-from amqp.exceptions import NotFound, PreconditionFailed
+from amqp.exceptions import PreconditionFailed
 from kombu import Queue
 
 from ..broker.confirms import Confirmer
+from ..broker.declare import QueueCounts, close_quietly, peek_queues, queue_counts
 from ..core.headers import _PROPERTIES, DELIVERY_COUNT, as_sent
 from ..errors import KombuEventsError
 
@@ -125,22 +126,20 @@ def observe(connection: Any, queues: Iterable[Queue]) -> dict[str, QueueState]:
     Whether an existing queue matches its target declaration is learnt by declaring it
     so (an equivalent declare changes nothing); a refusal (406) says it does not.
     """
+    targets = list(queues)
+    counts = peek_queues(connection, [name for q in targets for name in (q.name, holding_name(q.name))])
     states: dict[str, QueueState] = {}
-    for queue in queues:
-        states[queue.name] = _state(connection, queue.name, queue)
+    for queue in targets:
+        states[queue.name] = _state(connection, queue.name, counts[queue.name], queue)
         hold = holding_name(queue.name)
-        states[hold] = _state(connection, hold, None)
+        states[hold] = _state(connection, hold, counts[hold], None)
     return states
 
 
-def _state(connection: Any, name: str, target: Queue | None) -> QueueState:
-    channel = connection.channel()
-    try:
-        _name, messages, consumers = channel.queue_declare(name, passive=True)
-    except NotFound:
+def _state(connection: Any, name: str, counts: QueueCounts | None, target: Queue | None) -> QueueState:
+    if counts is None:
         return QueueState(name, exists=False)
-    finally:
-        _close(channel)
+    messages, consumers = counts
     if target is None:
         return QueueState(name, exists=True, messages=messages, consumers=consumers)
     channel = connection.channel()
@@ -150,7 +149,7 @@ def _state(connection: Any, name: str, target: Queue | None) -> QueueState:
         return QueueState(name, exists=True, matches=False, messages=messages, consumers=consumers,
                           why=str(getattr(exc, "reply_text", "") or exc))
     finally:
-        _close(channel)
+        close_quietly(channel)
     return QueueState(name, exists=True, matches=True, messages=messages, consumers=consumers)
 
 
@@ -182,7 +181,7 @@ def execute(connection: Any, queues: Sequence[Queue], steps: Sequence[Step],
             try:
                 _declare_or_bind(channel, step, by_name[step.queue])
             finally:
-                _close(channel)
+                close_quietly(channel)
     return moved
 
 
@@ -211,7 +210,7 @@ def _delete_when_empty(connection: Any, name: str, report: Callable[[str], Any])
     for _ in range(_DELETE_TRIES):
         channel = connection.channel()
         try:
-            _name, ready, consumers = channel.queue_declare(name, passive=True)
+            ready, consumers = queue_counts(channel, name)
             if not ready and not consumers:
                 # Quorum queues refuse if_empty: the count just read stands in for it. The queue is
                 # unbound, so only a publish to it by name could come in between: then say so.
@@ -221,7 +220,7 @@ def _delete_when_empty(connection: Any, name: str, report: Callable[[str], Any])
                                          "being deleted, and went with it: stop whatever publishes to it by name")
                 return moved
         finally:
-            _close(channel)
+            close_quietly(channel)
         count = move(connection, name, target)
         moved += count
         report(f"  {count} more message(s) arrived in {name}: moved to {target}")
@@ -253,7 +252,7 @@ def move(connection: Any, source: str, target: str, batch: int = 200) -> int:
                 break
             moved += taken - len(failures)
     finally:
-        _close(channel)  # what was not acked goes back to ``source``
+        close_quietly(channel)  # what was not acked goes back to ``source``
     if failures:
         raise MigrationError(f"moving {source} -> {target}: the broker refused a copy ({failures[0]}); "
                              "its original stays in place: run the command again")
@@ -280,9 +279,3 @@ def copy_properties(properties: Mapping[str, Any], userid: str | None) -> dict[s
     new["application_headers"] = {key: as_sent(value) for key, value in headers.items()}
     return new
 
-
-def _close(channel: Any) -> None:
-    try:
-        channel.close()
-    except Exception:  # a refused declare or delete already closed it
-        pass

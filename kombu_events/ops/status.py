@@ -1,7 +1,13 @@
-"""Depth and consumers of every queue of a service: handler queues, delay levels, archive."""
+"""What the queues of a service hold: the counts of every queue (``kombu-events status`` and
+``health``) and the depths the metrics watch (handler queues, delay ladder, archive).
+
+Every count is read with passive declares (:func:`kombu_events.broker.declare.peek_queues`);
+``unacked`` comes from the management API when it is reachable.
+"""
 from __future__ import annotations
 
-__all__ = ["QueueStatus", "gather", "queue_state", "CONSUMING", "PAUSED"]
+__all__ = ["QueueStatus", "gather", "queue_state", "CONSUMING", "PAUSED", "DepthTarget", "depth_targets",
+           "read_depths"]
 
 import base64
 import json
@@ -9,10 +15,10 @@ import logging
 import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterable, NamedTuple
 
-from amqp.exceptions import NotFound
-
+from ..broker.declare import peek_queues
+from ..core import names
 from ..core.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -50,10 +56,6 @@ def queue_state(role: str, consumers: int | None) -> str | None:
     return CONSUMING if consumers else PAUSED
 
 
-def _roles(topology: Topology) -> list[tuple[str, str]]:
-    return [(q.name, topology.role(q.name)) for q in topology.queues]
-
-
 def _management(connection: Any, queue: str, base_url: str) -> dict[str, Any] | None:
     vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
     url = f"{base_url.rstrip('/')}/api/queues/{vhost}/{urllib.parse.quote(queue, safe='')}"
@@ -61,7 +63,8 @@ def _management(connection: Any, queue: str, base_url: str) -> dict[str, Any] | 
     request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
     try:
         with urllib.request.urlopen(request, timeout=3) as response:
-            return json.load(response)
+            found: dict[str, Any] = json.load(response)
+            return found
     except Exception as exc:  # no management plugin, or not reachable: fall back to AMQP counts
         logger.debug("management API %s not usable: %s", base_url, exc)
         return None
@@ -71,22 +74,41 @@ def gather(connection: Any, topology: Topology, management_url: str | None = Non
     """Status of every queue of ``topology`` (AMQP counts; unacked from the management API)."""
     if management_url is None:
         management_url = f"http://{connection.hostname}:15672"
+    counts = peek_queues(connection, [q.name for q in topology.queues])
     found = []
     use_api = True
-    for name, role in _roles(topology):
-        channel = connection.channel()
-        try:
-            _n, ready, consumers = channel.queue_declare(name, passive=True)
-        except NotFound:
+    for queue in topology.queues:
+        name, role = queue.name, topology.role(queue.name)
+        read = counts[name]
+        if read is None:
             found.append(QueueStatus(name, role, None, None, None, exists=False))
             continue
-        finally:
-            try:
-                channel.close()
-            except Exception:  # a failed passive declare already closed the channel
-                pass
         api = _management(connection, name, management_url) if use_api else None
         use_api = api is not None
         unacked = api.get("messages_unacknowledged") if api else None
-        found.append(QueueStatus(name, role, ready, unacked, consumers, state=queue_state(role, consumers)))
+        found.append(QueueStatus(name, role, read.messages, unacked, read.consumers,
+                                 state=queue_state(role, read.consumers)))
     return found
+
+
+class DepthTarget(NamedTuple):
+    """One queue whose depth is watched: ``role`` is handler, delay (with its ``level``) or archive."""
+
+    queue: str
+    role: str
+    level: int = -1
+
+
+def depth_targets(topology: Topology) -> list[DepthTarget]:
+    """Every queue of ``topology`` in the order the ladder reads: handler queues, levels 0 .. N-1, archive."""
+    service = topology.settings.service
+    found = [DepthTarget(q.name, "handler") for q in topology.handler_queues]
+    found += [DepthTarget(names.delay_name(service, level), "delay", level)
+              for level in range(topology.settings.delay_levels)]
+    found.append(DepthTarget(names.archive_name(service), "archive"))
+    return found
+
+
+def read_depths(connection: Any, queues: Iterable[str]) -> dict[str, int]:
+    """Ready messages of each of ``queues`` that exists (a missing one is left out), by passive declares."""
+    return {name: read.messages for name, read in peek_queues(connection, queues).items() if read is not None}

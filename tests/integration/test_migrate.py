@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from amqp import Message
-from kombu import Connection
+from kombu import Connection, Queue
 
+from kombu_events.ops.migrate import QueueState, holding_name, observe
 from kombu_events.testing import temporary_vhost
 
 from .harness import Project, get_messages, management_queue, run_cli, unique, wait_for
@@ -169,3 +170,34 @@ def test_a_run_killed_mid_move_is_finished_by_the_next_and_loses_nothing(project
           f"duplicates {duplicates}")
     assert not lost
     assert duplicates <= 200, "at most the batch in flight (confirmed, not yet acked) twice"
+
+
+def test_observe_reads_missing_matching_and_refused_queues_and_their_holding_queues(broker_url):
+    """Passive declares for the counts (a missing queue among them), a declare for the match; no channel kept."""
+    names = {role: unique(f"observe-{role}.") for role in ("gone", "same", "other")}
+    targets = [Queue(name, durable=False, queue_arguments={"x-max-length": 10}) for name in names.values()]
+    with Connection(broker_url) as conn:
+        conn.connect()
+        channel = conn.channel()
+        channel.confirm_select()
+        channel.queue_declare(names["same"], durable=False, auto_delete=False, arguments={"x-max-length": 10})
+        channel.queue_declare(names["other"], durable=False, auto_delete=False)  # no limit: not the target
+        channel.queue_declare(holding_name(names["other"]), durable=False, auto_delete=False)
+        for queue in (names["other"], names["other"], holding_name(names["other"])):
+            channel.basic_publish(Message(b"x"), exchange="", routing_key=queue)
+        try:
+            open_before = set(conn.connection.channels)
+            states = observe(conn, targets)
+            assert set(conn.connection.channels) == open_before
+        finally:
+            for name in (names["same"], names["other"], holding_name(names["other"])):
+                channel.queue_delete(name)
+            channel.close()
+    gone, same, other = names["gone"], names["same"], names["other"]
+    assert states[gone] == QueueState(gone, exists=False)
+    assert states[holding_name(gone)] == QueueState(holding_name(gone), exists=False)
+    assert states[same] == QueueState(same, exists=True, matches=True)
+    assert states[holding_name(same)] == QueueState(holding_name(same), exists=False)
+    assert (states[other].exists, states[other].matches, states[other].messages) == (True, False, 2)
+    assert "x-max-length" in states[other].why
+    assert states[holding_name(other)] == QueueState(holding_name(other), exists=True, messages=1)

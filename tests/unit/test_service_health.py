@@ -1,4 +1,4 @@
-"""service_health.py: the problems `kombu-events health` reports, one line each (pure), and missing exchanges."""
+"""ops/health.py: the problems `kombu-events health` reports, one line each (pure), and missing exchanges."""
 from __future__ import annotations
 
 import celery
@@ -41,6 +41,7 @@ def test_the_archive_is_not_checked_without_a_threshold():
 class Channel:
     def __init__(self, existing, log):
         self.existing, self.log = existing, log
+        log.append("open")
 
     def exchange_declare(self, name, type, passive):
         assert passive
@@ -68,4 +69,6 @@ def test_missing_exchanges_are_found_with_passive_declares():
     names = [e.name for e in topology.exchanges]
     connection = Connection(existing=set(names) - {"billing.archive"})
     assert missing_exchanges(connection, topology) == ["billing.archive"]
-    assert connection.log.count("close") == len(names), "one channel per declare, each closed"
+    assert connection.log.count("open") == 2, "one channel, replaced after the missing exchange"
+    assert connection.log.count("close") == 2, "every channel closed, the one the missing exchange closed too"
+    assert [n for n in connection.log if n not in ("open", "close")] == names, "one passive declare each, in order"
