@@ -4,21 +4,20 @@ long (no broker needed; exit 2 past ``--max-depth`` or ``--max-age``), ``flush``
 confirmed, deleting each once confirmed (exit 1 while some still wait)."""
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
 import click
 
 from ..core.config import broker_url
+from ..core.logs import safe_text
 from ..errors import KombuEventsError
 from ..publishing.backlog import Backlog
 from ..publishing.buffered import BacklogPublisher
 from ..publishing.checks import broker_check
 from ..publishing.circuits import Guard
 from ..publishing.publisher import Publisher
-from .common import Context, examples, guarded
+from .common import Context, emit_json, examples, failed, guarded, json_option, over_threshold
 
 
 @click.group()
@@ -47,7 +46,7 @@ def _backlog_publisher(obj: Context, path: str | None) -> BacklogPublisher:
 
 @backlog.command("status")
 @click.option("--path", type=click.Path(dir_okay=False), help="The backlog file (default: the app's backlog=).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option("backlog-status")
 @click.option("--max-depth", type=click.IntRange(min=0), help="Exit 2 when more events wait.")
 @click.option("--max-age", type=click.FloatRange(min=0), help="Exit 2 when the oldest has waited longer (seconds).")
 @click.pass_obj
@@ -58,7 +57,7 @@ def backlog_status(obj: Context, path: str | None, as_json: bool, max_depth: int
     found = _backlog_publisher(obj, path).backlog.status()
     age = found.age_s(time.time())
     if as_json:
-        click.echo(json.dumps(found.as_dict(time.time()), indent=2))
+        emit_json(found.as_dict(time.time()))
     else:
         click.echo(f"{found.path}: {found.depth} waiting, oldest {'-' if age is None else f'{age:.1f} s'} old, "
                    f"{found.rejected} set aside (unroutable), {found.used_bytes} of {found.max_bytes} bytes")
@@ -68,8 +67,7 @@ def backlog_status(obj: Context, path: str | None, as_json: bool, max_depth: int
     if max_age is not None and age is not None and age > max_age:
         alerts.append(f"the oldest has waited {age:.1f} s (more than --max-age {max_age:g})")
     if alerts:
-        click.echo("ALERT: backlog: " + "; ".join(alerts), err=True)
-        sys.exit(2)
+        over_threshold("ALERT: backlog: " + "; ".join(alerts))
 
 
 examples(backlog_status,
@@ -82,20 +80,29 @@ examples(backlog_status,
 @click.option("--path", type=click.Path(dir_okay=False), help="The backlog file (default: the app's backlog=).")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up after this many seconds.")
 @click.option("--retry-rejected", is_flag=True, help="First put unroutable events back in line (bind a queue first).")
+@json_option("backlog-flush")
 @click.pass_obj
 @guarded
-def backlog_flush(obj: Context, path: str | None, timeout: float | None, retry_rejected: bool) -> None:
+def backlog_flush(obj: Context, path: str | None, timeout: float | None, retry_rejected: bool,
+                  as_json: bool) -> None:
     """Publish waiting events in order, confirmed; delete each once confirmed (one flusher at a time)."""
     publisher = _backlog_publisher(obj, path)
+    back_in_line = None
     if retry_rejected:
-        click.echo(f"{publisher.backlog.retry_rejected()} set-aside event(s) back in line", err=True)
+        back_in_line = publisher.backlog.retry_rejected()
+        click.echo(f"{back_in_line} set-aside event(s) back in line", err=True)
     report = publisher.flush(timeout_s=timeout)
     left = publisher.backlog.status()
-    click.echo(f"published {report.published}, set aside {report.rejected} (unroutable), {left.depth} waiting")
+    if as_json:
+        emit_json({"path": left.path, "published": report.published, "rejected": report.rejected,
+                   "waiting": left.depth, "retried_rejected": back_in_line,
+                   "error": None if report.error is None else safe_text(str(report.error))})
+    else:
+        click.echo(f"published {report.published}, set aside {report.rejected} (unroutable), {left.depth} waiting")
     if report.error is not None:
         raise KombuEventsError(f"flush stopped: {report.error}")
     if left.depth:
-        sys.exit(1)
+        failed()
 
 
 examples(backlog_flush,

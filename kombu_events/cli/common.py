@@ -1,12 +1,17 @@
 """What every ``kombu-events`` sub-command shares: the :class:`Context` it receives (the ``-A`` app's selected
 Events service, the broker URL, a connection that turns an unreachable broker into one clear error), the
-:func:`guarded` wrapper that turns every expected failure into one line on stderr and exit code 1, and
-:func:`examples`, which ends a command's help with its examples."""
+:func:`guarded` wrapper that turns every expected failure into one line on stderr and exit code 1, the exit
+codes (:data:`OK`, :data:`ERROR`, :data:`OVER_THRESHOLD`), the ``--json`` option with its JSON Schema
+(:func:`json_option`, :func:`emit_json`, :func:`schema`) and :func:`examples`, which ends a command's help with
+its examples."""
 from __future__ import annotations
 
 import functools
+import json
+import sys
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from importlib import resources
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import click
 from kombu import Connection
@@ -15,6 +20,13 @@ from .. import registry
 from ..core.config import broker_url
 from ..core.logs import safe_text, safe_url
 from ..errors import BrokerUnavailableError, KombuEventsError
+
+#: The exit codes of every command (docs/cli.md, "Exit codes"): done and fine; an error (the broker cannot be
+#: reached, bad input, a usage error, a replay or flush that left messages behind); a check that ran and found
+#: something over its threshold (``status --max-archive``, ``health``, ``backlog status --max-depth/--max-age``).
+OK, ERROR, OVER_THRESHOLD = 0, 1, 2
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Context:
@@ -100,3 +112,43 @@ def examples(command: click.Command, *lines: str) -> None:
     together.
     """
     command.epilog = "\b\nExamples:\n" + "\n".join("  " + line for line in lines)
+
+
+def over_threshold(alert: str | None = None) -> NoReturn:
+    """``alert`` (if any) on stderr, then exit :data:`OVER_THRESHOLD` (what went to stdout stays as printed)."""
+    if alert is not None:
+        click.echo(alert, err=True)
+    sys.exit(OVER_THRESHOLD)
+
+
+def failed() -> NoReturn:
+    """Exit :data:`ERROR` after the command said why on stderr (and printed its report, if it has one)."""
+    sys.exit(ERROR)
+
+
+def json_option(name: str, what: str = "one JSON document on stdout instead", note: str = "") -> Callable[[F], F]:
+    """The ``--json`` flag of a command whose document is described by ``schemas/<name>.json``."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print {what}{note} (JSON Schema: kombu_events/cli/schemas/{name}.json).")
+
+
+def emit_json(document: Any) -> None:
+    """Print ``document`` as JSON on stdout: one document, nothing else (warnings and logs go to stderr)."""
+    click.echo(json.dumps(document, indent=2))
+
+
+def schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of a command's ``--json`` document (``name``: ``status``, ``archive-list``, ...)."""
+    text = _schemas().joinpath(f"{name}.json").read_text(encoding="utf-8")
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+
+def schema_names() -> list[str]:
+    """Every schema shipped with the package, by name."""
+    return sorted(entry.name[:-len(".json")] for entry in _schemas().iterdir() if entry.name.endswith(".json"))
+
+
+def _schemas() -> Any:
+    """The folder of the schemas: package data (setup.cfg), in the wheel and the sdist."""
+    return resources.files("kombu_events.cli").joinpath("schemas")

@@ -1,11 +1,10 @@
 """The commands that look at a running service and change nothing: ``status`` (ready/unacked messages and
-consumers of every queue, delay level and the archive; exit 2 past ``--max-archive``), ``health`` (exit 1 and
-one line per problem, for a readiness probe or an alert) and ``schedules`` (each periodic schedule's period,
-last run and next due time, read from its state queue on the broker)."""
+consumers of every queue, delay level and the archive; exit 2 past ``--max-archive``), ``health`` (exit 2 and
+one line per problem, for a readiness probe or an alert; exit 1 when the broker cannot be reached) and
+``schedules`` (each periodic schedule's period, last run and next due time, read from its state queue on the
+broker)."""
 from __future__ import annotations
 
-import json
-import sys
 from typing import Any
 
 import click
@@ -18,11 +17,15 @@ from ..errors import BrokerUnavailableError
 from ..ops.health import missing_exchanges, problems
 from ..ops.status import PAUSED, gather
 from ..periodic.runner import now_ms, peek_state
-from .common import Context, examples, guarded
+from .common import Context, emit_json, examples, failed, guarded, json_option, over_threshold
+
+#: Every key of a ``schedules --json`` row, null when it does not apply (a schedule that never ran).
+SCHEDULE_KEYS = ("schedule", "every_s", "catch_up", "queue", "last_run", "last_due", "next", "next_due", "ran_at",
+                 "outcome", "duration_ms", "note")
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option("status", "a JSON array on stdout instead, one object per queue")
 @click.option("--max-archive", type=click.IntRange(min=0), help="Exit 2 when the archive holds more messages.")
 @click.option("--management-url", help="RabbitMQ management API (default http://<broker host>:15672).")
 @click.pass_obj
@@ -35,7 +38,7 @@ def status(obj: Context, as_json: bool, max_archive: int | None, management_url:
     with obj.connection() as conn:
         rows = gather(conn, obj.events.topology(), management_url)
     if as_json:
-        click.echo(json.dumps([r.as_dict() for r in rows], indent=2))
+        emit_json([r.as_dict() for r in rows])
     else:
         click.echo(f"{'queue':<48} {'role':<8} {'ready':>8} {'unacked':>8} {'consumers':>9}  state")
         for r in rows:
@@ -52,8 +55,7 @@ def status(obj: Context, as_json: bool, max_archive: int | None, management_url:
                        f"they wait in {r.queue}", err=True)
     archived = next((r.ready or 0) for r in rows if r.role == "archive")
     if max_archive is not None and archived > max_archive:
-        click.echo(f"ALERT: archive holds {archived} messages (more than --max-archive {max_archive})", err=True)
-        sys.exit(2)
+        over_threshold(f"ALERT: archive holds {archived} messages (more than --max-archive {max_archive})")
 
 
 examples(status,
@@ -62,43 +64,46 @@ examples(status,
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: healthy, problems, queues.")
+@json_option("health", "one JSON object on stdout instead: healthy, problems, queues")
 @click.option("--max-archive", type=click.IntRange(min=0), help="A problem when the archive holds more messages.")
 @click.pass_obj
 @guarded
 def health(obj: Context, as_json: bool, max_archive: int | None) -> None:
     """Exit 0 when the broker is reachable, the topology exists and every handler queue has a consumer.
 
-    Exit 1 otherwise (also when the archive holds more than --max-archive messages),
-    with one line per problem: a readiness check or an alert.
+    Exit 2 otherwise (also when the archive holds more than --max-archive messages),
+    with one line per problem: a readiness check or an alert. Exit 1 when the
+    broker cannot be reached (the one problem then).
     """
     topology = obj.events.topology()
     rows: list[Any] = []
+    unreachable = False
     try:
         with obj.connection() as conn:
             rows = gather(conn, topology)
             found = problems(rows, missing=missing_exchanges(conn, topology), max_archive=max_archive)
     except BrokerUnavailableError as exc:
-        found = [f"broker: {safe_text(str(exc))}"]
+        found, unreachable = [f"broker: {safe_text(str(exc))}"], True
     if as_json:
-        click.echo(json.dumps({"healthy": not found, "problems": found, "queues": [r.as_dict() for r in rows]},
-                              indent=2))
+        emit_json({"healthy": not found, "problems": found, "queues": [r.as_dict() for r in rows]})
     else:
         for line in found:
             click.echo(line)
         if not found:
             click.echo(f"healthy: {obj.events.service} on {safe_url(obj.url)}")
+    if unreachable:
+        failed()
     if found:
-        sys.exit(1)
+        over_threshold()  # the problems are the report
 
 
 examples(health,
-         "kombu-events -A proj.events health                  # exit 1 and one line per problem",
+         "kombu-events -A proj.events health                  # exit 2 and one line per problem",
          "kombu-events -A proj.events health --max-archive 100 --json   # for a readiness probe or an alert")
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option("schedules", "a JSON array on stdout instead, one object per schedule")
 @click.pass_obj
 @guarded
 def schedules(obj: Context, as_json: bool) -> None:
@@ -106,7 +111,7 @@ def schedules(obj: Context, as_json: bool) -> None:
     with obj.connection() as conn:
         rows = [summary(s, _peek(conn, s.state_queue), now_ms()) for s in obj.events.schedules]
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit_json([{key: row.get(key) for key in SCHEDULE_KEYS} for row in rows])
         return
     if not rows:
         click.echo(f"service {obj.events.service} has no periodic schedules", err=True)

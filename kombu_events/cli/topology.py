@@ -4,37 +4,50 @@ queues through holding queues, without losing a message."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import click
 
 from ..broker.declare import declare
 from ..core.logs import safe_url
-from ..core.topology import build_topology
+from ..core.topology import Topology, build_topology
 from ..ops import migrate
 from ..ops.dot import to_dot
-from .common import Context, examples, guarded
+from .common import Context, emit_json, examples, guarded, json_option
 
 
 @click.command("declare")
 @click.option("--dry-run", is_flag=True, help="Print every exchange, queue, argument and binding; do not connect.")
 @click.option("--format", "fmt", type=click.Choice(["text", "dot"]), default="text", show_default=True,
               help="With --dry-run: one line per entity, or a Graphviz dot graph (render with `dot -Tsvg`).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document on stdout instead: what was declared (JSON Schema: "
+                   "kombu_events/cli/schemas/declare.json), with --dry-run the topology "
+                   "(kombu_events/cli/schemas/declare-dry-run.json).")
 @click.pass_obj
 @guarded
-def declare_topology(obj: Context, dry_run: bool, fmt: str) -> None:
+def declare_topology(obj: Context, dry_run: bool, fmt: str, as_json: bool) -> None:
     """Create the service's topology (idempotent)."""
     if fmt == "dot" and not dry_run:
         raise click.UsageError("--format dot prints the topology without declaring it: add --dry-run")
+    if fmt == "dot" and as_json:
+        raise click.UsageError("--format dot and --json are two outputs: pick one")
     topology = obj.events.topology()
     if dry_run:
-        if fmt == "dot":
+        if as_json:
+            emit_json(topology_document(topology))
+        elif fmt == "dot":
             click.echo(to_dot(topology), nl=False)
-            return
-        for line in topology.describe():
-            click.echo(line)
+        else:
+            for line in topology.describe():
+                click.echo(line)
         return
     with obj.connection() as conn:
         counts = declare(topology, conn)
+    if as_json:
+        emit_json({"service": topology.settings.service, "broker": safe_url(obj.url),
+                   "declared": {key: counts[key] for key in ("exchanges", "queues", "bindings", "exchange_bindings")}})
+        return
     click.echo(f"declared on {safe_url(obj.url)}: {counts['exchanges']} exchanges, {counts['queues']} queues, "
                f"{counts['bindings']} queue bindings, {counts['exchange_bindings']} exchange bindings")
 
@@ -42,16 +55,44 @@ def declare_topology(obj: Context, dry_run: bool, fmt: str) -> None:
 examples(declare_topology,
          "kombu-events -A proj.events declare --dry-run   # print every exchange, queue and binding",
          "kombu-events -A proj.events declare --dry-run --format dot   # Graphviz: pipe it to dot -Tsvg",
+         "kombu-events -A proj.events declare --dry-run --json          # the same as one JSON document",
          "kombu-events -A proj.events declare             # create them on the broker")
+
+
+def topology_document(topology: Topology) -> dict[str, Any]:
+    """``declare --dry-run --json``: every exchange, queue (with its role and bindings) and exchange binding,
+    in the order ``declare --dry-run`` prints them."""
+    settings = topology.settings
+    return {
+        "service": settings.service,
+        "exchange": settings.exchange,
+        "queue_type": settings.queue_type,
+        "exchanges": [{"name": e.name, "type": e.type, "durable": bool(e.durable),
+                       "arguments": _arguments(e, "arguments")} for e in topology.exchanges],
+        "queues": [{"name": q.name, "role": topology.role(q.name), "durable": bool(q.durable),
+                    "arguments": _arguments(q, "queue_arguments"),
+                    # kombu keeps bindings in a set: sorted, as the text plan
+                    "bindings": [{"exchange": b.exchange.name, "routing_key": b.routing_key or ""}
+                                 for b in sorted(q.bindings, key=lambda b: (b.exchange.name, b.routing_key or ""))]}
+                   for q in topology.queues],
+        "exchange_bindings": [{"destination": eb.destination.name, "source": eb.source.name,
+                               "routing_key": eb.routing_key} for eb in topology.exchange_bindings],
+    }
+
+
+def _arguments(entity: Any, attribute: str) -> dict[str, Any]:
+    """An exchange's or queue's arguments, sorted by name (kombu leaves them None when there are none)."""
+    return dict(sorted((getattr(entity, attribute, None) or {}).items()))
 
 
 @click.command("migrate")
 @click.option("--to", "to", type=click.Choice(["quorum", "classic"]), required=True,
               help="The queue type to move every queue of the service to.")
 @click.option("--dry-run", is_flag=True, help="Print what each queue holds and every step; change nothing.")
+@json_option("migrate", note=", each step's progress on stderr")
 @click.pass_obj
 @guarded
-def migrate_queues(obj: Context, to: str, dry_run: bool) -> None:
+def migrate_queues(obj: Context, to: str, dry_run: bool, as_json: bool) -> None:
     """Move the service's queues to quorum (or classic) queues without losing a message.
 
     Stop the service's workers first: a queue with a consumer is refused. A run that
@@ -61,32 +102,51 @@ def migrate_queues(obj: Context, to: str, dry_run: bool) -> None:
     topology = build_topology(dataclasses.replace(events.settings, queue_type=to), events.handlers,
                               events.schedules)
     queues = list(topology.queues)
+    say = (lambda line: None) if as_json else click.echo  # the JSON document holds the same
+    total: int | None = None
     with obj.connection() as conn:
         states = migrate.observe(conn, queues)
         steps = migrate.migration_steps(queues, states)
         if not steps:
-            click.echo(f"every queue of service {events.service} is already declared as {to}: nothing to do")
+            total = None if dry_run else 0
+            say(f"every queue of service {events.service} is already declared as {to}: nothing to do")
         else:
             for queue in queues:
                 state, holding = states[queue.name], states[migrate.holding_name(queue.name)]
                 if state.exists and not state.matches:
-                    click.echo(f"{queue.name}: {state.messages} message(s), to move ({state.why})")
+                    say(f"{queue.name}: {state.messages} message(s), to move ({state.why})")
                 if holding.exists:
-                    click.echo(f"{holding.name}: {holding.messages} message(s) from an unfinished run")
+                    say(f"{holding.name}: {holding.messages} message(s) from an unfinished run")
             if dry_run:
-                click.echo(f"dry run: {len(steps)} step(s) would run:")
+                say(f"dry run: {len(steps)} step(s) would run:")
                 for step in steps:
-                    click.echo(f"  {step.describe()}")
+                    say(f"  {step.describe()}")
             else:
                 for exchange in topology.exchanges:  # what the queues bind to (idempotent)
                     exchange.bind(conn.default_channel).declare()
-                moved = migrate.execute(conn, queues, steps, report=click.echo)
+                progress = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+                moved = migrate.execute(conn, queues, steps, report=progress)
                 total = sum(n for name, n in moved.items() if not name.endswith(migrate.SUFFIX))
-                click.echo(f"migrated service {events.service} to {to} queues: {total} message(s) moved "
-                           f"through holding queues, none left behind")
+                say(f"migrated service {events.service} to {to} queues: {total} message(s) moved "
+                    f"through holding queues, none left behind")
+    if as_json:
+        emit_json({"service": events.service, "to": to, "dry_run": dry_run,
+                   "declared_queue_type": events.settings.queue_type,
+                   "queues": [_queue_entry(states, q.name) for q in queues],
+                   "steps": [{"action": st.action, "queue": st.queue, "source": st.source or None,
+                              "messages": st.messages, "description": st.describe()} for st in steps],
+                   "moved": total})
     if events.settings.queue_type != to:
         click.echo(f"warning: the app declares queue_type={events.settings.queue_type!r}: set "
                    f"queue_type={to!r} before starting its workers, or they cannot declare these queues", err=True)
+
+
+def _queue_entry(states: dict[str, migrate.QueueState], name: str) -> dict[str, Any]:
+    """One queue in ``migrate --json``: what it held, and its holding queue, before the run."""
+    state, holding = states[name], states[migrate.holding_name(name)]
+    return {"queue": name, "exists": state.exists, "matches": state.matches, "messages": state.messages,
+            "why": state.why or None, "holding_queue": holding.name,
+            "holding_messages": holding.messages if holding.exists else None}
 
 
 examples(migrate_queues,

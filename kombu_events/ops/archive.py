@@ -1,13 +1,19 @@
 """Archive operations on the broker: list, show, replay, purge -- without ever losing a message.
 
 Messages are read with ``basic_get`` and no ack; what is not acked goes back to the
-archive when the channel closes. Replay republishes (mandatory, confirmed) through the
-delivery exchange, addressed to the original queue, and acks the archived copy
-only once the broker confirmed the replayed one.
+archive when the channel closes (in its place, a crash of the process included). Replay
+republishes (mandatory, confirmed) through the delivery exchange, addressed to the
+original queue, and acks the archived copy only once the broker confirmed the replayed
+one. A selective purge acks the messages that match and nothing else: the others go
+back when the channel closes, as after a listing.
+
+Every operation selects alike: the archive's messages in order, those that ``match``,
+at most ``limit`` of them (:func:`read` finds what :func:`replay` or :func:`purge`
+would take).
 """
 from __future__ import annotations
 
-__all__ = ["ArchivedMessage", "read", "replay", "purge", "message_key"]
+__all__ = ["ArchivedMessage", "read", "replay", "purge", "purge_all", "message_key"]
 
 import hashlib
 import logging
@@ -49,7 +55,7 @@ class ArchivedMessage:
         except UnicodeDecodeError:
             body = repr(self.body)
         return {"id": self.id, "queue": self.queue, "routing_key": self.routing_key, "reason": self.reason,
-                "attempts": self.attempts, "archived_at": self.archived_at, "exception": self.exception,
+                "attempts": _jsonable(self.attempts), "archived_at": self.archived_at, "exception": self.exception,
                 "traceback": self.traceback, "headers": _jsonable(self.headers),
                 "properties": _jsonable({k: v for k, v in self.properties.items() if k != "application_headers"}),
                 "body": body}
@@ -152,18 +158,36 @@ def _acker(channel: Any, message: ArchivedMessage, replayed: list[ArchivedMessag
     return ack
 
 
-def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] | None = None) -> int:
-    """Delete archived messages (all, or those that ``match``); return how many."""
+def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
+          limit: int | None = None) -> list[ArchivedMessage]:
+    """Delete the archived messages that ``match`` (the first ``limit`` of them); return those deleted.
+
+    Only a message that matches is acked (deleted); every other one, read unacked, goes
+    back to the archive in its place when the channel closes -- also when this raises
+    half-way or the process dies. The list returns once the channel closed cleanly, so
+    the broker has taken every ack by then.
+    """
     channel = _channel(connection)
+    removed: list[ArchivedMessage] = []
     try:
-        if match is None:
-            return channel.queue_purge(topology.archive_exchange) or 0
-        removed = 0
+        if limit is not None and limit <= 0:
+            return removed
         for message in _scan(channel, topology.archive_exchange):
             if match(message):
                 channel.basic_ack(message.delivery_tag)
-                removed += 1
+                removed.append(message)
+                if limit is not None and len(removed) >= limit:
+                    break
         return removed
+    finally:
+        channel.close()  # unacked: every message that did not match goes back to the archive
+
+
+def purge_all(connection: Any, topology: Topology) -> int:
+    """Delete every archived message at once (``queue.purge``); return how many."""
+    channel = _channel(connection)
+    try:
+        return channel.queue_purge(topology.archive_exchange) or 0
     finally:
         channel.close()
 

@@ -7,11 +7,21 @@ file exists: the test "fixes the bug" by deleting it.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import amqp
 import pytest
 from kombu import Connection
+
+from kombu_events.core import headers as wire
+from kombu_events.core.config import Settings
+from kombu_events.core.topology import build_topology
+from kombu_events.ops.archive import ArchivedMessage, purge
 
 from .harness import (
     Project,
@@ -24,6 +34,7 @@ from .harness import (
     unique,
     wait_for,
 )
+from .json_schemas import json_lines, one_document
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +181,7 @@ def test_declare_dry_run_format_dot_prints_a_graph_without_connecting(make_proje
 
 def test_declare_format_dot_without_dry_run_is_a_usage_error(make_project):
     project = make_project()
-    result = cli(project, "declare", "--format", "dot", code=2)
+    result = cli(project, "declare", "--format", "dot", code=1)  # a usage error is an error: 2 is for thresholds
     assert "--format dot" in result.stderr and "--dry-run" in result.stderr
     assert service_entities(project, "queues") == []
 
@@ -342,8 +353,8 @@ def test_archive_purge_needs_yes_and_can_select_a_queue(make_project):
     project.worker().wait_ready()
     o1, o2, _u1 = fill_archive(project, ["orders.1.created", "orders.2.created", "users.1.joined"])
 
-    refused = cli(project, "archive", "purge", code=None)
-    assert refused.returncode != 0 and "--yes" in refused.stderr
+    refused = cli(project, "archive", "purge", code=1)
+    assert "--yes" in refused.stderr and "--dry-run" in refused.stderr and refused.stdout == ""
     assert depth(project, "archive") == 3
 
     result = cli(project, "archive", "purge", "--queue", queue(project, "users"), "--yes")
@@ -353,6 +364,181 @@ def test_archive_purge_needs_yes_and_can_select_a_queue(make_project):
     result = cli(project, "archive", "purge", "--yes")
     assert "purged 2" in result.stdout
     assert depth(project, "archive") == 0
+
+
+def archive_directly(project: Project, entries: list[tuple[str, str]]) -> list[str]:
+    """Put one message per ``(handler, routing key)`` straight into the archive, in this order, with the
+    headers the worker archives with; return their message ids. No worker: the order is the test's."""
+    ids = []
+    for handler, routing_key in entries:
+        message_id = unique("m")
+        headers = wire.archive_headers({"x-request-id": f"r-{message_id}"}, attempt=2, queue=queue(project, handler),
+                                       routing_key=routing_key, reason="gave up after 2 attempts (max_retries=1)",
+                                       exception="RuntimeError: flag file says fail", traceback="Traceback ...")
+        publish_amqp(project.broker_url, queue(project, "archive"), "", json.dumps({"key": routing_key}).encode(),
+                     message_id=message_id, content_type="application/json", delivery_mode=2,
+                     application_headers=headers)
+        ids.append(message_id)
+    return ids
+
+
+def archive_contents(project: Project) -> list[tuple[str, bytes, dict]]:
+    """(message id, body, headers) of every archived message, in archive order (left in the archive)."""
+    with Connection(project.broker_url) as conn:
+        channel = conn.channel()
+        channel.auto_decode = False
+        found = []
+        while True:
+            message = channel.basic_get(queue(project, "archive"), no_ack=False)
+            if message is None:
+                break
+            found.append((message.properties["message_id"], message.body, message.headers))
+        channel.close()  # unacked: all back, in place
+    return found
+
+
+MIXED = [("users", "users.1.joined"), ("orders", "orders.1.created"), ("orders", "orders.3.paid"),
+         ("orders", "orders.2.created"), ("users", "users.2.created")]
+
+
+def test_archive_purge_dry_run_reports_what_would_go_and_removes_nothing(make_project):
+    project = make_project()
+    project.declare()
+    u1, o1, o3, o2, u2 = archive_directly(project, MIXED)
+    before = archive_contents(project)
+    assert [m[0] for m in before] == [u1, o1, o3, o2, u2]
+    orders = queue(project, "orders")
+
+    dry = cli(project, "archive", "purge", "--routing-key", "orders.*.created", "--dry-run")  # no --yes needed
+    assert dry.stdout.splitlines() == [f"would purge {o1} from {orders} (key orders.1.created)",
+                                       f"would purge {o2} from {orders} (key orders.2.created)"]
+    assert dry.stderr == "2 message(s) would be purged\n"
+
+    def would_go(*args: str) -> list[str]:
+        report = one_document("archive-purge", cli(project, "archive", "purge", *args, "--dry-run", "--json").stdout)
+        assert report["dry_run"] is True and report["purged"] == 0 and report["matched"] == len(report["messages"])
+        assert {m["outcome"] for m in report["messages"]} <= {"would_purge"}
+        return [m["id"] for m in report["messages"]]
+
+    assert would_go("--routing-key", "orders.*.created") == [o1, o2]
+    assert would_go("--routing-key", "orders.*.created", "--limit", "1") == [o1]
+    assert would_go("--routing-key", "*.*.created") == [o1, o2, u2]
+    assert would_go("--routing-key", "*.*.created", "--queue", orders) == [o1, o2]
+    assert would_go("--routing-key", "orders.#") == [o1, o3, o2]
+    assert would_go("--routing-key", "orders.3.paid") == [o3]  # a plain key: that key only
+    assert would_go("--routing-key", "orders") == []
+    assert would_go("--routing-key", "#") == would_go() == [u1, o1, o3, o2, u2]
+    assert would_go("--limit", "2") == [u1, o1]
+    assert would_go("--yes", "--routing-key", "#") == [u1, o1, o3, o2, u2], "--dry-run wins over --yes"
+    assert archive_contents(project) == before, "a dry run removes nothing and keeps the order"
+
+    # list and replay select alike: what purge --dry-run says is what they see
+    listed = json_lines("archive-list", cli(project, "archive", "list", "--routing-key", "*.*.created",
+                                            "--json").stdout)
+    assert [m["id"] for m in listed] == [o1, o2, u2]
+    replay = cli(project, "archive", "replay", "--routing-key", "*.*.created", "--limit", "2", "--dry-run")
+    assert [line.split()[2] for line in replay.stdout.splitlines()] == [o1, o2]
+    assert archive_contents(project) == before
+
+
+def test_archive_purge_by_pattern_deletes_exactly_the_matching_messages(make_project):
+    """Purge never removes a message that does not match: the others stay, in order, bodies and headers intact.
+
+    Mutation check: were purge to ignore --routing-key, the first purge would take u1, not o1, and this fails.
+    """
+    project = make_project()
+    project.declare()
+    u1, o1, o3, o2, u2 = archive_directly(project, MIXED)
+    before = archive_contents(project)
+
+    def left_after(purged: set[str]) -> list[tuple[str, bytes, dict]]:
+        return [m for m in before if m[0] not in purged]
+
+    report = one_document("archive-purge", cli(project, "archive", "purge", "--routing-key", "orders.*.created",
+                                               "--limit", "1", "--yes", "--json").stdout)
+    assert (report["dry_run"], report["matched"], report["purged"]) == (False, 1, 1)
+    assert [(m["id"], m["outcome"], m["routing_key"]) for m in report["messages"]] == [
+        (o1, "purged", "orders.1.created")]
+    assert archive_contents(project) == left_after({o1})
+
+    result = cli(project, "archive", "purge", "--routing-key", "orders.*.created", "--yes")
+    assert result.stdout == "purged 1 message(s)\n"  # o2: the one match left
+    assert archive_contents(project) == left_after({o1, o2})
+
+    report = one_document("archive-purge", cli(project, "archive", "purge", "--queue", queue(project, "users"),
+                                               "--routing-key", "users.#", "--yes", "--json").stdout)
+    assert [m["id"] for m in report["messages"]] == [u1, u2]
+    assert archive_contents(project) == left_after({o1, o2, u1, u2})
+
+    nothing = cli(project, "archive", "purge", "--routing-key", "no.such.key", "--yes")
+    assert nothing.stdout == "purged 0 message(s)\n"
+    assert archive_contents(project) == left_after({o1, o2, u1, u2}) and [m[0] for m in before].index(o3) == 2
+
+    everything = one_document("archive-purge", cli(project, "archive", "purge", "--yes", "--json").stdout)
+    assert everything == {"dry_run": False, "matched": 1, "purged": 1, "messages": None}  # one queue.purge
+    assert archive_contents(project) == []
+
+
+def test_a_purge_that_fails_half_way_loses_no_message(make_project):
+    """The process dies in the middle of a selective purge: what it acked is gone, everything else is back."""
+    project = make_project()
+    project.declare()
+    u1, o1, o3, o2, _u2 = archive_directly(project, MIXED)
+    before = archive_contents(project)
+    topology = build_topology(Settings(service=project.service, exchange=project.exchange), ())
+    seen: list[str] = []
+
+    def match(message: ArchivedMessage) -> bool:
+        seen.append(message.id)
+        if len(seen) == 4:
+            raise RuntimeError("the operator's laptop dies here")
+        return message.routing_key.startswith("orders.")
+
+    with Connection(project.broker_url) as conn, pytest.raises(RuntimeError, match="laptop"):
+        purge(conn, topology, match)
+    assert seen == [u1, o1, o3, o2]
+    assert archive_contents(project) == [m for m in before if m[0] not in (o1, o3)]
+
+
+def test_archive_purge_killed_mid_scan_loses_no_message(make_project):
+    """kill -9 while purge --routing-key reads a large archive: every message that does not match is still there,
+    once, in order; of those that match, only some are gone (it was killed half-way)."""
+    project = make_project()
+    project.declare()
+    count = 3000
+    keys = [("orders", f"orders.{n}.created") if n % 3 else ("users", f"users.{n}.joined") for n in range(count)]
+    with Connection(project.broker_url) as conn:  # one confirmed channel: quicker than a publish_amqp each
+        channel = conn.channel()
+        channel.confirm_select()
+        for n, (handler, key) in enumerate(keys):
+            headers = {"kombu-events-queue": queue(project, handler), "kombu-events-routing-key": key}
+            channel.basic_publish(amqp.Message(b"{}", message_id=f"m-{n}", application_headers=headers,
+                                               delivery_mode=2), exchange=queue(project, "archive"), routing_key="")
+        channel.close()
+    kept = [f"m-{n}" for n, (_handler, key) in enumerate(keys) if key.startswith("users.")]
+    matching = {f"m-{n}" for n, (_handler, key) in enumerate(keys) if key.startswith("orders.")}
+    run = subprocess.Popen([str(Path(sys.executable).parent / "kombu-events"), "-A", project.module, "archive",
+                            "purge", "--routing-key", "orders.#", "--yes"], cwd=project.dir, env=project.env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: depth(project, "archive") < count - 500 or run.poll() is not None, timeout=60,
+                 interval=0.005, what="the purge under way")
+        assert run.poll() is None, "the purge must still run when it is killed: " + run.communicate()[1]
+        run.send_signal(signal.SIGKILL)
+    finally:
+        run.wait()
+
+    def back() -> list[str] | None:  # the broker sees the connection go: what it held unacked returns
+        ids = [m[0] for m in archive_contents(project)]
+        return ids if set(kept) <= set(ids) else None
+
+    left = wait_for(back, what="the killed purge's unacked messages back in the archive")
+    assert [i for i in left if i not in matching] == kept, "every message that did not match: there, once, in order"
+    assert len(left) == len(set(left)), "no duplicate"
+    gone = matching - set(left)
+    assert 0 < len(gone) < len(matching), f"killed half-way: {len(gone)} of {len(matching)} purged"
+    print(f"\n[archive purge] kill -9 mid-scan of {count} messages: {len(gone)} of {len(matching)} matching "
+          f"purged, {len(kept)} not matching all kept, in order")
 
 
 # -- publish ---------------------------------------------------------------------------------------------
@@ -365,6 +551,13 @@ def test_publish_reaches_the_handler(make_project):
     [call] = wait_for(lambda: calls(project, message_id), what="the published event handled")
     assert call["payload"] == {"n": 9, "note": "caf\u00e9"}
     assert call["routing_key"] == "orders.9.created" and call["handler"] == "orders"
+
+    chosen = unique("order-9-")
+    result = cli(project, "publish", "--message-id", chosen, "--header", "x-tenant=acme", "--header", "x-n:=9",
+                 "orders.9.paid", "{}")
+    assert result.stdout == chosen + "\n", "the human output: the message id, as before"
+    [call] = wait_for(lambda: calls(project, chosen), what="the event with its own message id handled")
+    assert call["routing_key"] == "orders.9.paid"
 
 
 def test_publish_errors_are_one_clear_line(make_project):
@@ -405,8 +598,6 @@ def blobs(payload):
 
 
 def test_archive_replay_keeps_the_body_bytes_of_any_content_encoding(make_project):
-    import amqp
-
     project = make_project(BLOBS)
     worker = project.worker().wait_ready()
     body = "caf\u00e9 cr\u00e8me".encode("latin-1")

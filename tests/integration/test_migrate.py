@@ -18,6 +18,7 @@ from kombu_events.ops.migrate import QueueState, holding_name, observe
 from kombu_events.testing import temporary_vhost
 
 from .harness import Project, get_messages, management_queue, run_cli, unique, wait_for
+from .json_schemas import one_document
 
 pytestmark = pytest.mark.integration
 
@@ -129,6 +130,31 @@ def test_migration_refuses_to_start_while_a_consumer_is_attached(project):
     assert "stop the service's workers first" in refused.stderr
     assert queue_type(url, handler) == "classic"
     assert len(ids_in(url, handler)) == 5, "its messages are where they were"
+
+
+def test_a_migration_as_json_is_one_document_with_its_progress_on_stderr(project):
+    url = project.broker_url
+    roles = queues_by_role(project)
+    queues = roles["handler"] + roles["delay"] + roles["archive"]
+    placed = fill(url, queues, 5)
+
+    done = run_cli(project, "migrate", "--to", "quorum", "--json")
+    assert done.returncode == 0, done.stderr + done.stdout
+    report = one_document("migrate", done.stdout)
+    assert (report["to"], report["dry_run"], report["declared_queue_type"]) == ("quorum", False, "classic")
+    assert report["moved"] == 5 * len(queues)
+    by_name = {q["queue"]: q for q in report["queues"]}
+    assert all(by_name[q]["messages"] == 5 and not by_name[q]["matches"] for q in queues)
+    assert all(by_name[q]["holding_queue"] == q + ".migrating" and by_name[q]["holding_messages"] is None
+               for q in queues)
+    moves = [st for st in report["steps"] if st["action"] == "move"]
+    assert {(st["source"], st["queue"]) for st in moves} >= {(q, q + ".migrating") for q in queues}
+    assert all(st["description"].startswith("move ") for st in moves)
+    assert "  moved 5 message(s)" in done.stderr.splitlines(), "each step's progress, on stderr"
+    assert "set queue_type='quorum' before starting its workers" in done.stderr
+    assert {q: queue_type(url, q) for q in queues} == dict.fromkeys(queues, "quorum")
+    for queue in queues:
+        assert ids_in(url, queue) == placed[queue]
 
 
 def run_cli_env(project: Project, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

@@ -42,7 +42,8 @@ def examples(text: str) -> list[str]:
 
 def test_the_walk_finds_every_command():
     assert {" ".join(p) for p in PATHS} >= {"", "declare", "status", "archive", "archive list", "archive show",
-                                           "archive replay", "archive purge", "publish", "schedules", "health"}
+                                           "archive replay", "archive purge", "publish", "schedules", "health",
+                                           "migrate", "backlog", "backlog status", "backlog flush"}
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "kombu-events")

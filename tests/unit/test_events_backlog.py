@@ -178,4 +178,4 @@ def test_backlog_commands_need_a_backlog(tmp_path):
     result = invoke("backlog", "status", "--path", str(tmp_path / "missing.sqlite3"))
     assert result.exit_code == 1 and "no backlog at" in result.output
     result = invoke("backlog", "status")
-    assert result.exit_code == 2 and "no app given" in result.output
+    assert result.exit_code == 1 and "no app given" in result.output  # a usage error: exit 1 (docs/cli.md)
