@@ -10,7 +10,7 @@ from billing import events, on_order_created
 @pytest.fixture
 def charged(monkeypatch):
     """The orders charged during the test: the payment provider is replaced."""
-    orders = []
+    orders: list[int] = []
     monkeypatch.setattr(billing, "charge", orders.append)
     return orders
 

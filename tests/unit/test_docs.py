@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "testing.md"
 EXAMPLES = ROOT / "docs" / "examples"
-BLOCKS = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)
+BLOCKS = re.findall(r"```python[^\n]*\n(.*?)```", PAGE.read_text(), flags=re.DOTALL)  # fragments too
 MARK = "# docs/examples/"
 
 
