@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import ast
 import configparser
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.application import Sphinx
+from sphinx.util.nodes import make_refnode
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # autodoc imports the package from this checkout
@@ -45,10 +52,33 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# Defaults as the source writes them (``rand=random.random``, not ``<built-in method random of
+# Random object at 0x…>``, which is no Python: the signature's parser then splits it at every comma).
+autodoc_preserve_defaults = True
 # The metrics extra (kombu-events[prometheus]) is not installed to build the site.
 autodoc_mock_imports: list[str] = ["prometheus_client"]
 
+# `-n` (tox -e docs): every reference must resolve. No intersphinx (the build has no network), so the
+# few objects of the standard library and of other packages that signatures name are listed here;
+# everything of kombu_events is documented in api.md instead.
+nitpick_ignore = [
+    ("py:class", "os.PathLike"),  # Backlog(path: str | PathLike[str])
+    ("py:class", "datetime.datetime"),  # Retry(at=...), Events.periodic(start=...)
+    ("py:class", "datetime.timedelta"),  # Events.periodic(every=..., retire_after=...)
+    ("py:class", "contextlib.AbstractContextManager"),  # the Middleware.handling() hook's return type
+    ("py:class", "kombu.entity.Exchange"),  # Topology's entities are kombu's, unbound
+    ("py:class", "kombu.entity.Queue"),
+    ("py:class", "amqp.basic_message.Message"),  # BacklogPublisher.publish_or_store(message=...)
+    ("py:class", "opentelemetry.trace.TracerProvider"),  # TracingMiddleware(tracer_provider=...)
+    ("py:class", "CollectorRegistry"),  # PrometheusMetrics(registry=...): prometheus_client's, mocked
+    ("py:class", "AbstractContextManager"),  # contextlib's, named bare by Middleware.handling (see below)
+]
+
 graphviz_output_format = "svg"
+# Every picture laid out at most 7.5 in (720 px) wide, the text column at 1280 px: ``ratio=compress``
+# packs the layout into that width instead of scaling it down, so labels keep their size. (One that
+# cannot be packed is scaled down: check_site.py fails if its labels get under 11 px on screen.)
+graphviz_dot_args = ["-Gratio=compress", "-Gsize=7.5,100"]
 
 html_theme = "furo"
 html_title = f"kombu-events {release}"
@@ -236,7 +266,111 @@ def _architecture() -> None:
     (out / "architecture-imports.md").write_text("\n".join(table) + "\n", encoding="utf-8")
 
 
-def setup(app: object) -> None:
-    """Generate the topology and architecture pictures before the pages are read."""
+def _unqualified_names(app: Sphinx, env: object, node: addnodes.pending_xref,
+                       contnode: nodes.Element) -> nodes.reference | None:
+    """Resolve a bare class name that names exactly one documented object (``Control`` is
+    :class:`kombu_events.middleware.control.Control`).
+
+    Such names come from annotations autodoc cannot evaluate: a signature that names a class
+    the module imports only under ``if TYPE_CHECKING:`` (``control: Control``) is left as its
+    source text, every annotation of it a bare name. (``autodoc_type_aliases`` would name them,
+    but Sphinx 9 prints an alias inside a generic as ``TypeAliasForwardRef('...')``.)
+    """
+    target = node.get("reftarget", "")
+    if node.get("refdomain") != "py" or node.get("reftype") not in ("class", "obj") or "." in target:
+        return None
+    objects = app.env.get_domain("py").objects  # type: ignore[attr-defined]
+    found = [name for name in objects if name.rsplit(".", 1)[-1] == target]
+    if len(found) != 1:
+        return None
+    entry = objects[found[0]]
+    return make_refnode(app.builder, node["refdoc"], entry.docname, entry.node_id, contnode, found[0])
+
+
+def _dataclass_defaults(app: object, what: str, name: str, obj: object, options: object,
+                        signature: str | None, return_annotation: str | None) -> tuple[str | None, str | None] | None:
+    """Defaults that ``autodoc_preserve_defaults`` cannot take from the source (a dataclass's
+    ``__init__`` has none), as Python: ``<class 'Exception'>`` is ``Exception``, a field's
+    ``<factory>`` is ``dict()`` (its ``default_factory`` called), any other ``<...>`` repr is ``...``.
+    The signature's parser fails on such reprs, and then splits the signature at every comma,
+    brackets included."""
+    if not signature or "<" not in signature:
+        return None
+    factories = [f"{field.default_factory.__qualname__}()" if isinstance(field.default_factory, type) else "..."
+                 for field in getattr(obj, "__dataclass_fields__", {}).values()
+                 if field.init and field.default_factory is not dataclasses.MISSING]
+    signature = re.sub(r"<class '([\w.]+)'>", r"\1", signature)
+    signature = re.sub(r"(=\s*)<factory>", lambda m: m[1] + (factories.pop(0) if factories else "..."), signature)
+    return re.sub(r"(=\s*)<(?:[^<>]|<[^<>]*>)*>", r"\1...", signature), return_annotation
+
+
+# Box-drawing characters and arrows: a literal block drawn with them is a text diagram.
+_DIAGRAM = re.compile("[\u2500-\u257f\u25b2-\u25c4]")
+
+
+def _mark_text_diagrams(app: object, doctree: nodes.document) -> None:
+    """Give each text diagram the classes ``text-diagram`` and ``diagram-cols-N`` (its longest line,
+    rounded up to a multiple of 8): site.css draws it in a font size at which it fits the column
+    when 11 px or more allows that, and lets it scroll inside its box otherwise."""
+    for block in doctree.findall(nodes.literal_block):
+        text = block.astext()
+        if block.get("language", "default") not in ("default", "none", "text") or not _DIAGRAM.search(text):
+            continue
+        columns = max(len(line.rstrip()) for line in text.splitlines())
+        block["classes"] += ["text-diagram", f"diagram-cols-{min(160, max(64, -(-columns // 8) * 8))}"]
+
+
+def _mark_text_columns(app: object, doctree: nodes.document) -> None:
+    """Give the cells of a table's prose columns (40 characters or more on average) the class
+    ``text-column``: on a narrow screen, site.css keeps them 12 em wide at least, so that where the
+    table scrolls anyway a sentence is not squeezed into a column one word wide."""
+    for group in doctree.findall(nodes.tgroup):
+        rows = [[entry for entry in row.children if isinstance(entry, nodes.entry)]
+                for body in group.children if isinstance(body, nodes.tbody) for row in body.children]
+        if not rows or any(len(row) != group["cols"] or any(entry.get("morecols") for entry in row) for row in rows):
+            continue  # spanned cells: the columns are not those of the rows
+        for column in range(group["cols"]):
+            if sum(len(row[column].astext()) for row in rows) >= 40 * len(rows):
+                for row in rows:
+                    row[column]["classes"].append("text-column")
+
+
+_BACKLINK = re.compile(r'(<div class="viewcode-block" id="([^"]+)">\s*<a class="viewcode-back" href=")'
+                       r'([^"#]*)#([^"]*)"')
+
+
+def _viewcode_backlinks(app: Sphinx, pagename: str, templatename: str, context: dict[str, Any],
+                        doctree: object) -> None:
+    """Point each ``[docs]`` link of a highlighted source page at the object as it is documented.
+
+    viewcode keeps one module name per source file (the first it met: ``kombu_events`` for
+    errors.py, whose ``Retry`` api.md documents as ``kombu_events.Retry``) and builds every
+    back-link of the file with it, so ``KombuEventsError``, documented by ``automodule::
+    kombu_events.errors``, got ``api.html#kombu_events.KombuEventsError``: no such anchor. A
+    back-link whose anchor names no documented object is pointed at ``<module>.<name>`` instead.
+    """
+    if not pagename.startswith("_modules/") or "body" not in context:
+        return
+    module = pagename.removeprefix("_modules/").replace("/", ".")
+    objects = app.env.get_domain("py").objects  # type: ignore[attr-defined]
+
+    def fix(match: re.Match[str]) -> str:
+        if match[4] in objects:
+            return match[0]
+        entry = objects.get(f"{module}.{match[2]}")
+        if entry is None:
+            return match[0]  # check_site.py reports it
+        return f'{match[1]}{app.builder.get_relative_uri(pagename, entry.docname)}#{entry.node_id}"'
+
+    context["body"] = _BACKLINK.sub(fix, context["body"])
+
+
+def setup(app: Sphinx) -> None:
+    """Generate the topology and architecture pictures before the pages are read; the hooks above."""
     _topology_dot()
     _architecture()
+    app.connect("autodoc-process-signature", _dataclass_defaults)
+    app.connect("doctree-read", _mark_text_diagrams)
+    app.connect("doctree-read", _mark_text_columns)
+    app.connect("html-page-context", _viewcode_backlinks)
+    app.connect("missing-reference", _unqualified_names)

@@ -210,10 +210,10 @@ class Events:
 
     @property
     def hooks(self) -> Hooks:
-        """The service's middleware, grouped by hook (see :mod:`kombu_events.middleware.base`).
+        """The service's middleware, grouped by hook (see :class:`~kombu_events.Middleware`).
 
-        With periodic schedules, their :class:`~kombu_events.periodic.runner.Seeder` comes after the
-        user's; with circuit breakers, their :class:`~kombu_events.middleware.breakers.Breakers` comes last.
+        With periodic schedules, their ``Seeder`` (``kombu_events.periodic.runner``) comes after the
+        user's; with circuit breakers, their ``Breakers`` (``kombu_events.middleware.breakers``) comes last.
         """
         return self._middleware.hooks(self.handlers, self._schedules.seeder(),
                                       prefetch_count=lambda: self.prefetch_count,
@@ -259,8 +259,8 @@ class Events:
         """Publish one JSON event to the events exchange; return its ``message_id`` (a :class:`Published`).
 
         Persistent, ``mandatory`` and confirmed: returns once the broker has taken
-        it; raises :class:`~kombu_events.UnroutableError` when no queue is bound for
-        ``routing_key``, :class:`~kombu_events.PublishError` if the broker refuses it.
+        it; raises :class:`~kombu_events.errors.UnroutableError` when no queue is bound for
+        ``routing_key``, :class:`~kombu_events.errors.PublishError` if the broker refuses it.
         With a backlog, an event the broker cannot take now is stored locally instead:
         the result's ``stored_locally`` is True.
 
@@ -268,7 +268,7 @@ class Events:
         ladder), then goes to every queue bound for ``routing_key`` at that moment, as
         if published then -- never earlier, at most one ``publish_delay_unit_ms`` later.
         One that no queue is bound for when due waits in ``<exchange>.unrouted``. A
-        delay beyond the ladder's reach raises :class:`~kombu_events.DelayTooLongError`.
+        delay beyond the ladder's reach raises :class:`~kombu_events.errors.DelayTooLongError`.
         """
         return self.publishing.publish(routing_key, payload, headers=headers, message_id=message_id,
                                        correlation_id=correlation_id, delay=delay)

@@ -48,7 +48,7 @@ class Control:
     A paused queue has no consumer: its messages wait in the broker, no attempt
     spent, and handlers already running finish and settle. It stays paused across
     reconnects until :meth:`resume`. Timers set here are cancelled when the step
-    stops; :meth:`Middleware.started` sets them again after a reconnect.
+    stops; :meth:`Middleware.started <kombu_events.Middleware.started>` sets them again after a reconnect.
     """
 
     def __init__(self, service: str, queues: tuple[str, ...], consuming: _Consuming) -> None:

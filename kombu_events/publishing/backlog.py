@@ -103,7 +103,8 @@ class BacklogStatus:
 
 
 class Backlog:
-    """A SQLite backlog at ``path``; ``max_bytes`` bounds it (then storing raises :class:`BacklogFullError`)."""
+    """A SQLite backlog at ``path``; ``max_bytes`` bounds it (then storing raises
+    :class:`~kombu_events.errors.BacklogFullError`)."""
 
     def __init__(self, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES,
                  busy_timeout_s: float = 30.0, batch_size: int = 200) -> None:

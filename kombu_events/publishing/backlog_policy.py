@@ -8,7 +8,9 @@ from typing import Sequence
 
 from ..errors import BacklogFullError, BrokerUnavailableError, ConfirmTimeoutError, UnroutableError
 
+#: :func:`publish_or_store`'s answer: publish to the broker now.
 PUBLISH = "publish"
+#: :func:`publish_or_store`'s answer: store the event in the local backlog.
 STORE = "store"
 
 

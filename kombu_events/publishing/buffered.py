@@ -30,7 +30,7 @@ from .publisher import Publisher
 
 logger = logging.getLogger(__name__)
 
-#: What :meth:`BacklogPublisher.send` returns for an event it stored in the backlog.
+#: What :meth:`BacklogPublisher.publish_or_store` returns for an event it stored in the backlog.
 STORED = "stored"
 
 Item = tuple[str, str, Message]

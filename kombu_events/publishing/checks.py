@@ -1,7 +1,8 @@
 """Publisher health checks (as in Celery 5's architecture draft, the CEP): the broker answers, and the user's own.
 
-A publisher check is a function returning ``Healthy``, ``Degraded`` or ``Unhealthy``,
-as a handler's health check does (:mod:`kombu_events.core.health`); it raises or returns
+A publisher check is a function returning :class:`~kombu_events.Healthy`, :class:`~kombu_events.Degraded`
+or :class:`~kombu_events.Unhealthy`, as a handler's health check does
+(:meth:`Events.health_check <kombu_events.Events.health_check>`); it raises or returns
 anything else: Unhealthy. Each check has its own circuit breaker (see
 :mod:`kombu_events.publishing.circuits`): while any is open, events go to the local backlog
 instead of the broker. The checks run in the backlog's flusher thread.
