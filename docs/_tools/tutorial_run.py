@@ -402,12 +402,14 @@ class Run:
         return output
 
     def settle(self) -> None:
-        """Wait (as a reader typing would) until the management API counts no unacked message in the vhost:
-        its statistics lag, and ``status`` reads its unacked column there."""
+        """Wait (as a reader typing would) until the management API has counted every queue of the vhost
+        and counts no unacked message there: its statistics lag (a queue declared a moment ago has none
+        yet, and ``status`` shows ``-``), and ``status`` reads its unacked column there."""
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         while time.monotonic() < deadline:
             queues = self.api.get(f"queues/{urllib.parse.quote(self.vhost, safe='')}")
-            if not any(q.get("messages_unacknowledged") for q in queues):
+            counted = all(q.get("messages_unacknowledged") is not None for q in queues)
+            if counted and not any(q.get("messages_unacknowledged") for q in queues):
                 return
             time.sleep(0.2)
 

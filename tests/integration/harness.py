@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -333,3 +334,14 @@ def run_cli(project: Project, *args: str, timeout: float = 60) -> subprocess.Com
     cli = Path(sys.executable).parent / "kombu-events"
     return subprocess.run([str(cli), "-A", project.module, *args], cwd=project.dir, env=project.env(),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    """``GET http://127.0.0.1:<port><path>``: (status, body); (0, why) while nothing listens (yet, or any more)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)

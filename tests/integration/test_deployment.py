@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -21,20 +19,11 @@ import pytest
 
 from .. import deploy_files as d
 from ..conftest import CI
-from .harness import delete_service, publish_amqp, unique, wait_for
+from .harness import delete_service, http_get, publish_amqp, unique, wait_for
 from .private_broker import free_port
 
 pytestmark = pytest.mark.integration
 
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:  # not listening (yet, or any more)
-        return 0, str(exc)
 
 
 def image_env() -> dict[str, str]:
@@ -80,9 +69,9 @@ def test_the_deployed_worker_serves_every_metric_the_rules_and_the_dashboard_que
     try:
         def healthy():
             assert worker.poll() is None, f"the worker exited with {worker.returncode}:\n{log_path.read_text()[-4000:]}"
-            return get(port, "/healthz")[0] == 200
+            return http_get(port, "/healthz")[0] == 200
         wait_for(healthy, timeout=30, interval=0.2, what="/healthz 200 (the startup and readiness probes)")
-        status, text = get(port, "/healthz")
+        status, text = http_get(port, "/healthz")
         assert status == 200 and text.startswith("ok: the event loop turned"), text
 
         # One event of each handler acked, one archived: every family has samples (exceptions included).
@@ -92,7 +81,7 @@ def test_the_deployed_worker_serves_every_metric_the_rules_and_the_dashboard_que
         created, cancelled = f"{service}.on_order_created", f"{service}.on_order_cancelled"
 
         def settled():
-            status, text = get(port, "/metrics")
+            status, text = http_get(port, "/metrics")
             assert status == 200, text
             done = (counted(text, created, "ack"), counted(text, created, "archive"), counted(text, cancelled, "ack"))
             return done == (1, 1, 1) and text
@@ -109,7 +98,7 @@ def test_the_deployed_worker_serves_every_metric_the_rules_and_the_dashboard_que
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=min(grace_s, 30)) == 0, log_path.read_text()[-4000:]
         assert time.monotonic() - started < grace_s
-        assert get(port, "/healthz")[0] == 0, "the endpoint closes with the worker"
+        assert http_get(port, "/healthz")[0] == 0, "the endpoint closes with the worker"
     finally:
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)

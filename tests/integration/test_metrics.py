@@ -3,13 +3,11 @@ HTTP GET."""
 from __future__ import annotations
 
 import socket
-import urllib.error
-import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .harness import wait_for
+from .harness import http_get, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,18 +46,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:  # not listening (yet)
-        return 0, str(exc)
-
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    status, text = get(port, "/metrics")
+    status, text = http_get(port, "/metrics")
     assert status == 200, text
     return {(s.name, frozenset(s.labels.items())): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
@@ -81,7 +70,7 @@ def test_a_prefork_worker_counts_every_message_exactly_and_answers_healthz_while
     project = make_project(BODY)
     port = free_port()
     worker = project.worker("--events-metrics-port", str(port), pool="prefork", concurrency=2).wait_ready()
-    wait_for(lambda: get(port, "/healthz")[0] == 200, timeout=15, what="/healthz 200")
+    wait_for(lambda: http_get(port, "/healthz")[0] == 200, timeout=15, what="/healthz 200")
     s = project.service
 
     publish(project, ("ok.created", 1000), ("bad.created", 7))
@@ -123,12 +112,12 @@ def test_a_prefork_worker_counts_every_message_exactly_and_answers_healthz_while
 
     # A hook that blocks the event loop for 4 s: /healthz fails after 2 s, then recovers.
     publish(project, ("block.loop", 1))
-    _status, text = wait_for(lambda: (lambda r: r[0] == 503 and r)(get(port, "/healthz")), timeout=10,
+    _status, text = wait_for(lambda: (lambda r: r[0] == 503 and r)(http_get(port, "/healthz")), timeout=10,
                             interval=0.2, what="/healthz 503 while the loop is blocked")
     assert "stalled: the event loop last turned" in text
-    wait_for(lambda: get(port, "/healthz")[0] == 200, timeout=10, interval=0.2, what="/healthz 200 again")
+    wait_for(lambda: http_get(port, "/healthz")[0] == 200, timeout=10, interval=0.2, what="/healthz 200 again")
     worker.stop()
-    assert get(port, "/healthz")[0] == 0, "the endpoint closes with the worker"
+    assert http_get(port, "/healthz")[0] == 0, "the endpoint closes with the worker"
 
 
 RELAY = """
