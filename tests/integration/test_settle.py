@@ -131,7 +131,11 @@ def test_a_handler_that_kills_a_solo_worker_ends_in_the_archive_after_the_redeli
     """Each worker runs the handler once and dies with it; the redelivery count grows until the
     message is archived. A worker may die after publishing a requeued copy but before acking the
     original (the copy can arrive before the confirm): then both come back, counted, and both end
-    in the archive -- duplicates, never a loss, never an endless loop."""
+    in the archive -- duplicates, never a loss, never an endless loop.
+
+    Every copy runs at redelivery counts 0, 1 and 2 on its way to the archive, so the runs form a
+    tree whose every path from the first run to an archived copy holds 3 runs: at least 3 in all,
+    at most 3 per archived copy (a clean-clone CI run saw 7 runs, over the bound of 6 this test had)."""
     project = make_project(KILLER)
     project.declare()
     message_id = send(project, "jobs.1", {})
@@ -142,7 +146,7 @@ def test_a_handler_that_kills_a_solo_worker_ends_in_the_archive_after_the_redeli
 
     died = 0
     while not settled():
-        assert died < 8, "the message was not archived after the redelivery cap"
+        assert died < 20, "the message was not archived after the redelivery cap"
         worker = project.worker()
         wait_for(lambda w=worker: w.proc.poll() is not None or settled(), timeout=30,
                  what="the worker killed by its handler, or every copy archived")
@@ -152,7 +156,7 @@ def test_a_handler_that_kills_a_solo_worker_ends_in_the_archive_after_the_redeli
     copies = peek_messages(project.broker_url, archive)
     assert {m.properties["message_id"] for m in copies} == {message_id}
     # max_retries=1: archived on the third redelivery, never run again; one run per worker that died
-    assert len(handled(project, message_id)) == died and 3 <= died <= 6
+    assert len(handled(project, message_id)) == died and 3 <= died <= 3 * len(copies), (died, len(copies))
     for copy in copies:
         assert copy.headers["kombu-events-reason"].startswith("redelivered 3 times without an ack")
         assert copy.headers["kombu-events-redeliveries"] == 2
