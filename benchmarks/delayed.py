@@ -112,7 +112,7 @@ def _run(ctx: Context, args: argparse.Namespace, rand: random.Random) -> tuple[d
             mem = waiting(service, consumer, events, args.waiting)
         finally:
             consumer.stop()
-            events.publisher.close()
+            events.publishing.publisher.close()
         print(f"waiting: {mem['waiting']:,} events held by the broker's ladder; worker (prefork -c 2) RSS "
               f"{mem['worker_before_mib']:.1f} -> {mem['worker_after_mib']:.1f} MiB; publisher RSS "
               f"{mem['publisher_before_mib']:.1f} -> {mem['publisher_warm_mib']:.1f} after the first 1,000 -> "

@@ -24,9 +24,7 @@ from .middleware.stack import MiddlewareStack
 from .periodic.schedules import Schedules
 from .publishing.backlog import Backlog
 from .publishing.backlog_policy import Published
-from .publishing.buffered import BacklogPublisher
 from .publishing.checks import PublisherCheck
-from .publishing.publisher import Publisher
 from .publishing.service import ServicePublisher
 from .registry import Route
 from .worker.bootstep import install
@@ -47,6 +45,10 @@ class Events:
     that cannot be published while the broker is away and publishes them, in order,
     once it is back; ``health_checks`` and ``publisher_circuit`` tune when publishing
     goes to the backlog (see docs/publishing.md). Without ``backlog``, nothing changes.
+
+    ``events.publishing`` (a :class:`~kombu_events.publishing.service.ServicePublisher`)
+    publishes: its ``publisher`` is the confirmed publisher (a test kit may set its own),
+    its ``backlog_publisher`` the backlog's publisher, circuits and flusher.
     """
 
     def __init__(self, app: Any, service: str, *, broker: str | None = None,
@@ -236,21 +238,6 @@ class Events:
         return build_topology(self.settings, self.handlers, self.schedules)
 
     # -- publishing (publishing/service.py) -------------------------------------------------------
-
-    @property
-    def publisher(self) -> Publisher:
-        """The confirmed publisher (one connection per process, opened on first use)."""
-        return self.publishing.publisher
-
-    @publisher.setter
-    def publisher(self, publisher: Publisher | None) -> None:
-        """Publish through ``publisher`` (e.g. the test kit's in-memory one); None: a new one on next use."""
-        self.publishing.publisher = publisher
-
-    @property
-    def backlog_publisher(self) -> BacklogPublisher | None:
-        """The backlog's publisher, circuits and flusher (None without ``backlog=``)."""
-        return self.publishing.backlog_publisher
 
     def publish(
         self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,

@@ -15,6 +15,8 @@ from __future__ import annotations
 __all__ = ["Confirmer", "RETURNED", "NACKED"]
 
 import logging
+import socket
+import time
 from itertools import takewhile
 from typing import Any, Callable, NamedTuple
 
@@ -59,6 +61,22 @@ class Confirmer:
     def pending(self) -> int:
         """Publishes not yet confirmed."""
         return len(self._pending)
+
+    def wait(self, *, timeout_s: float) -> None:
+        """Read the channel's connection until every publish is settled or ``timeout_s`` has passed.
+
+        A connection that fails meanwhile ends the wait (logged at debug): what was not
+        confirmed dies with its channel, and its original is redelivered.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self._pending and time.monotonic() < deadline:
+            try:
+                self.channel.connection.drain_events(timeout=0.2)
+            except socket.timeout:
+                continue
+            except Exception as exc:
+                logger.debug("kombu-events: stopped waiting for confirms: %s", exc)
+                return
 
     def publish(self, message: Message, exchange: str, routing_key: str | bytes, on_ok: OnOk, on_fail: OnFail) -> int:
         """Publish ``message``; exactly one of ``on_ok``/``on_fail`` runs when it is settled.

@@ -10,11 +10,14 @@ treats as a lost connection -- makes Celery reconnect and start the step again.
 """
 from __future__ import annotations
 
-__all__ = ["BrokerSilent", "answer_within", "ANSWER_TIMEOUT_S"]
+__all__ = ["BrokerSilent", "answer_within", "call_within", "ANSWER_TIMEOUT_S"]
 
+import logging
 import socket
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+logger = logging.getLogger(__name__)
 
 #: How long the broker has to answer one of our synchronous calls on the worker's connection.
 ANSWER_TIMEOUT_S = 10.0
@@ -43,3 +46,18 @@ def answer_within(connection: Any, seconds: float = ANSWER_TIMEOUT_S, *, doing: 
     except socket.timeout as exc:
         raise BrokerSilent(f"kombu-events: the broker did not answer {doing} within {seconds:g} s; "
                            f"taking the connection as lost") from exc
+
+
+def call_within(connection: Any, doing: str, fn: Callable[[], Any]) -> None:
+    """Call ``fn`` (a synchronous call on ``connection``) with its waits bounded by :func:`answer_within`.
+
+    BrokerSilent goes on (the connection is lost: Celery reconnects); any other failure
+    (a channel that closed under us) is logged at debug and swallowed.
+    """
+    try:
+        with answer_within(connection, doing=doing):
+            fn()
+    except BrokerSilent:
+        raise
+    except Exception as exc:
+        logger.debug("kombu-events: %s failed: %s", doing, exc)

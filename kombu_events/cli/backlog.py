@@ -33,10 +33,10 @@ examples(backlog,
 def _backlog_publisher(obj: Context, path: str | None) -> BacklogPublisher:
     """The app's backlog publisher (its hooks see flushed events), or one over ``--path`` publishing to ``--broker``."""
     if path is None:
-        if obj.events.backlog_publisher is None:
+        if obj.events.publishing.backlog_publisher is None:
             raise KombuEventsError(f"service {obj.events.service!r} has no backlog (Events(..., backlog=PATH)); "
                                    "or name the file with --path")
-        return obj.events.backlog_publisher
+        return obj.events.publishing.backlog_publisher
     if not os.path.exists(path):
         raise KombuEventsError(f"no backlog at {path!r}")
     url = obj.url if obj.app_name else broker_url(None, obj.broker)

@@ -67,6 +67,7 @@ class ServicePublisher:
 
     @publisher.setter
     def publisher(self, publisher: Publisher | None) -> None:
+        """Publish through ``publisher`` (e.g. the test kit's in-memory one); None: a new one on next use."""
         self._publisher = publisher
 
     @property

@@ -91,7 +91,7 @@ def running_worker(target: Any, broker_url: str, **options: Any) -> Iterator[Any
     saved_publishers = [(events, events.publishing._publisher) for events in registry.services_of(app)]
     app.conf.update(dict(zip(_WORKER_CONF, (broker_url, broker_url, 0))))
     for events, _previous in saved_publishers:
-        events.publisher = Publisher(broker_url)
+        events.publishing.publisher = Publisher(broker_url)
     try:
         options = {"pool": "solo", "perform_ping_check": False, **options}
         with start_worker(app, with_events_step=True, **options) as worker:
@@ -99,8 +99,8 @@ def running_worker(target: Any, broker_url: str, **options: Any) -> Iterator[Any
     finally:
         app.conf.update(saved_conf)
         for events, previous in saved_publishers:
-            events.publisher.close()
-            events.publisher = previous
+            events.publishing.publisher.close()
+            events.publishing.publisher = previous
 
 
 class _Management:

@@ -286,7 +286,7 @@ class StubEvents:
         """Make the app's services publish into this stub (``events.publish``, ``publish_many``, ``@event``)."""
         for events in registry.services_of(self.app):
             self._saved.append((events, events.publishing._publisher))
-            events.publisher = _StubPublisher(self._broker)
+            events.publishing.publisher = _StubPublisher(self._broker)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -294,7 +294,7 @@ class StubEvents:
         """Give the app's services their own publishers back."""
         while self._saved:
             events, publisher = self._saved.pop()
-            events.publisher = publisher
+            events.publishing.publisher = publisher
 
 
 def _outgoing(payload: Any, headers: Mapping[str, Any] | None, content_type: str | None,

@@ -18,7 +18,6 @@ from __future__ import annotations
 __all__ = ["ServiceConsumer"]
 
 import logging
-import socket
 import threading
 import time
 from functools import partial
@@ -29,7 +28,7 @@ from kombu import Consumer
 
 from ..broker.confirms import Confirmer
 from ..broker.declare import declare
-from ..broker.waits import BrokerSilent, answer_within
+from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core import decision
 from ..core.delivery import Delivery, read_delivery
 from ..core.settlement import Ack, Republish, Step, plan
@@ -174,17 +173,8 @@ class ServiceConsumer:
                 channel.basic_qos(0, self.prefetch_count, False)
 
     def _call(self, doing: str, fn: Callable[[], Any]) -> None:
-        """A synchronous call on the worker's connection, bounded; a channel that failed under us is logged.
-
-        A broker that does not answer in time raises BrokerSilent: Celery reconnects.
-        """
-        try:
-            with answer_within(self._connection, doing=doing):
-                fn()
-        except BrokerSilent:
-            raise
-        except Exception as exc:
-            logger.debug("kombu-events: %s failed: %s", doing, exc)
+        """A synchronous call on the worker's connection, bounded (BrokerSilent: Celery reconnects)."""
+        call_within(self._connection, doing, fn)
 
     def call_soon_threadsafe(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the event loop once the callback running now has returned; from any thread."""
@@ -201,21 +191,10 @@ class ServiceConsumer:
         """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
         self.stop()
         self.mailbox.drain()  # thread-pool completions posted once the event loop had stopped
-        self._await_confirms(timeout_s=5.0)
+        if self._confirmer is not None:
+            self._confirmer.wait(timeout_s=5.0)
         self._close_channels()
         self.mailbox.close(self._hub)
-
-    def _await_confirms(self, *, timeout_s: float) -> None:
-        confirmer = self._confirmer
-        deadline = time.monotonic() + timeout_s
-        while confirmer is not None and confirmer.pending and time.monotonic() < deadline:
-            try:
-                confirmer.channel.connection.drain_events(timeout=0.2)
-            except socket.timeout:
-                continue
-            except Exception as exc:  # connection gone: unconfirmed originals are redelivered
-                logger.debug("kombu-events: stopped waiting for confirms: %s", exc)
-                return
 
     def _close_channels(self) -> None:
         # Pending confirms die with their channel; their originals are redelivered.

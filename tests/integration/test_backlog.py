@@ -80,9 +80,9 @@ def make_events(private_broker, tmp_path):
 
     yield make
     for events in made:
-        assert events.backlog_publisher is not None
-        events.backlog_publisher.stop()
-        events.publisher.close()
+        assert events.publishing.backlog_publisher is not None
+        events.publishing.backlog_publisher.stop()
+        events.publishing.publisher.close()
 
 
 def start_publisher(tmp_path, broker, exchange, prefix, count, *, batch=200, start_at=0.0, stay=False, chunk=1):
@@ -208,7 +208,7 @@ def test_an_open_circuit_stores_without_waiting_and_closes_once_the_broker_answe
     events = make_events(exchange, CircuitBreaker(max_failures=1, max_unhealthy=1, reset_s=1.0, max_reset_s=1.0))
     closed_up = [_timed(events, f"up-{i}") for i in range(50)]
     assert not any(stored for stored, _t in closed_up)
-    events.publisher.close()  # the next publish has to connect, as after a restart
+    events.publishing.publisher.close()  # the next publish has to connect, as after a restart
     private_broker.stop_app()
     first_stored, first = _timed(events, "down-0")
     rest = [_timed(events, f"down-{i}") for i in range(1, 200)]
@@ -216,7 +216,7 @@ def test_an_open_circuit_stores_without_waiting_and_closes_once_the_broker_answe
     open_latencies = [t for _s, t in rest]
     assert statistics.median(open_latencies) < 0.05 and max(open_latencies) < first, (first, max(open_latencies))
     private_broker.start_app()
-    outbox = events.backlog_publisher
+    outbox = events.publishing.backlog_publisher
     assert outbox is not None
     wait_for(lambda: outbox.guard.closed() and events.backlog.status().depth == 0, timeout=30,
              what="the broker's health check passed, the circuit closed and the backlog drained")

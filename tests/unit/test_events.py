@@ -180,7 +180,7 @@ def test_broker_url(app, monkeypatch):
 
 def test_publish_builds_and_sends_a_confirmed_message(events, mocker):
     publisher = mocker.Mock()
-    events.publisher = publisher
+    events.publishing.publisher = publisher
     message_id = events.publish("billing.invoice.paid", {"id": 7}, headers={"x-request-id": "r"},
                                 message_id="m-7", correlation_id="c-7")
     assert message_id == "m-7"
@@ -194,7 +194,7 @@ def test_publish_builds_and_sends_a_confirmed_message(events, mocker):
 @pytest.mark.parametrize("routing_key", ["billing.*", "", "a b"])
 def test_publish_rejects_bad_routing_keys_before_publishing(events, mocker, routing_key):
     publisher = mocker.Mock()
-    events.publisher = publisher
+    events.publishing.publisher = publisher
     with pytest.raises(ConfigurationError, match="routing_key"):
         events.publish(routing_key, {})
     publisher.publish.assert_not_called()
@@ -259,11 +259,11 @@ def test_the_publisher_can_be_replaced_and_reset(events):
             published.extend((exchange, key, message.body) for exchange, key, message in items)
             return [None] * len(items)
 
-    events.publisher = Recorder("memory://")
+    events.publishing.publisher = Recorder("memory://")
     events.publish("orders.1.created", {"n": 1})
     assert published == [("events", "orders.1.created", b'{"n":1}')]
-    events.publisher = None
-    assert type(events.publisher) is Publisher  # a new one, opened on first use
+    events.publishing.publisher = None
+    assert type(events.publishing.publisher) is Publisher  # a new one, opened on first use
 
 
 # -- what the worker could not run as written is refused when it is registered ----------------------

@@ -67,19 +67,19 @@ def events(tmp_path, broker, recorder, monkeypatch):
     app = celery.Celery("proj", broker="memory://", set_as_current=False)
     made = Events(app, "billing", backlog=str(tmp_path / "backlog.sqlite3"), middleware=[recorder],
                   publisher_circuit=CircuitBreaker(max_failures=1, reset_s=60))
-    made.publisher = broker
+    made.publishing.publisher = broker
     yield made
-    made.backlog_publisher.stop()
+    made.publishing.backlog_publisher.stop()
 
 
 def test_without_a_backlog_publish_returns_a_published_id_as_before(broker, monkeypatch):
     app = celery.Celery("proj", broker="memory://", set_as_current=False)
     events = Events(app, "billing")
-    events.publisher = broker
+    events.publishing.publisher = broker
     result = events.publish("billing.invoice.paid", {}, message_id="m-1")
     assert result == "m-1" and isinstance(result, Published) and not result.stored_locally
     assert events.publish_many([("a.b", {})])[0].stored_locally is False
-    assert events.backlog is None and events.backlog_publisher is None
+    assert events.backlog is None and events.publishing.backlog_publisher is None
     broker.up = False
     with pytest.raises(BrokerUnavailableError):
         events.publish("billing.invoice.paid", {})
@@ -111,7 +111,7 @@ def test_with_the_broker_down_the_event_is_stored_locally_and_the_hooks_say_so(e
     assert stored_signals == [(events, "m-1", "billing.invoice.paid"), (events, many[0], "billing.invoice.sent"),
                               (events, many[1], "billing.invoice.sent")]
     broker.up = True
-    assert events.backlog_publisher.flush().published == 3
+    assert events.publishing.backlog_publisher.flush().published == 3
     assert broker.delivered == ["m-1", *many]
     assert recorder.calls[3:] == [("after_publish", "m-1", None), ("after_publish", many[0], None),
                                   ("after_publish", many[1], None)], "the flusher's confirms reach after_publish"
@@ -127,14 +127,14 @@ def test_an_unroutable_event_still_raises_and_is_never_stored(events, recorder):
 def test_a_full_backlog_raises(tmp_path, broker):
     app = celery.Celery("proj", broker="memory://", set_as_current=False)
     events = Events(app, "billing", backlog=Backlog(tmp_path / "small.sqlite3", max_bytes=64 * 1024))
-    events.publisher = broker
+    events.publishing.publisher = broker
     broker.up = False
     try:
         with pytest.raises(BacklogFullError, match="full"):
             for _ in range(20):
                 events.publish("a.b", {"blob": "x" * 10_000})
     finally:
-        events.backlog_publisher.stop()
+        events.publishing.backlog_publisher.stop()
 
 
 def test_an_unusable_backlog_path_fails_when_events_is_created(tmp_path):
@@ -151,7 +151,7 @@ def test_health_checks_need_a_backlog(tmp_path):
     with pytest.raises(ConfigurationError, match="need a backlog"):
         Events(app, "billing", health_checks=[ledger_up])
     events = Events(app, "shipping", backlog=tmp_path / "b.sqlite3", health_checks=[ledger_up])
-    assert [c.name for c in events.backlog_publisher.guard.checks.values()] == [
+    assert [c.name for c in events.publishing.backlog_publisher.guard.checks.values()] == [
         "broker", "test_health_checks_need_a_backlog.<locals>.ledger_up"]
 
 

@@ -579,7 +579,7 @@ def test_fails_fast_is_the_documented_rule(events):
 
 def test_the_apps_own_publish_goes_to_the_stub_while_it_stands_in(app, events):
     shipping = Events(app, "shipping")
-    saved = events.publisher
+    saved = events.publishing.publisher
 
     @events.handler("orders.*.created")
     def charge(payload):
@@ -600,7 +600,7 @@ def test_the_apps_own_publish_goes_to_the_stub_while_it_stands_in(app, events):
         "orders.1.created", "orders.2.created", "billing.invoice.paid", "billing.invoice.paid", "nobody.listens"]
     assert [p.message_id for p in stub.published[:2]] == message_ids
     assert stub.published[2].headers == {"tenant": "acme"}
-    assert events.publisher is saved and isinstance(shipping.publisher, Publisher)
+    assert events.publishing.publisher is saved and isinstance(shipping.publishing.publisher, Publisher)
 
 
 def test_events_stub_fixture_is_a_factory_that_stands_in_for_the_test(events, events_stub):
