@@ -71,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(1, a.reps + 1):
             for row in rows:  # repetitions interleave, so baselines and candidates share the machine's moods
                 started = time.monotonic()
-                try:
-                    run = row.run(ctx)
-                except Exception as exc:  # a broken scenario is a failed row, not a crashed suite
-                    run = Run(None, 0, error=f"{type(exc).__name__}: {exc}")
-                    Consumer.stop_all()
+                run = row.attempt(ctx)
                 results[row.key].append(run)
                 shown = run.error or f"{run.value:,.2f} {row.unit}"
                 print(f"[{rep}/{a.reps}] {row.key:<20} {shown}  ({time.monotonic() - started:.0f} s)", flush=True)

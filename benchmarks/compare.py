@@ -103,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name in order:
                     ctx.tree = trees[name]
                     started = time.monotonic()
-                    try:
-                        run = row.run(ctx)
-                    except Exception as exc:  # a broken run is a failed run, not a crashed comparison
-                        run = Run(None, 0, error=f"{type(exc).__name__}: {exc}")
-                        Consumer.stop_all()
+                    run = row.attempt(ctx)
                     results[row.key][name].append(run)
                     shown = run.error or f"{run.value:,.0f} msgs/s"
                     print(f"[{rnd}/{a.rounds}] {row.key:<16} {name:<6} {shown}  "

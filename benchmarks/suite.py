@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from benchmarks import scenarios as s
+from benchmarks.procs import Consumer
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,14 @@ class Row:
     run: Callable[[s.Context], s.Run]
     baseline: str | None = None
     target: float | None = None
+
+    def attempt(self, ctx: s.Context) -> s.Run:
+        """Run the row once; a broken run is a failed Run (its workers stopped), never a crashed suite."""
+        try:
+            return self.run(ctx)
+        except Exception as exc:
+            Consumer.stop_all()
+            return s.Run(None, 0, error=f"{type(exc).__name__}: {exc}")
 
 
 ROWS: tuple[Row, ...] = (
