@@ -18,6 +18,7 @@ from .errors import (
     DelayTooLongError,
     EncodeError,
     HeaderError,
+    InvalidPayload,
     KombuEventsError,
     Poisoned,
     PublishError,
@@ -40,5 +41,5 @@ __all__ = [
     "KombuEventsError", "ConfigurationError", "DelayTooLongError", "TopologyConflictError",
     "PublishError", "UnroutableError", "ConfirmTimeoutError", "BrokerUnavailableError", "BacklogError",
     "BacklogFullError",
-    "DecodeError", "EncodeError",
+    "DecodeError", "EncodeError", "InvalidPayload",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "DecodeError",
     "HeaderError",
     "EncodeError",
+    "InvalidPayload",
 ]
 
 from contextlib import contextmanager
@@ -93,6 +94,27 @@ class HeaderError(DecodeError):
 
 class EncodeError(KombuEventsError, TypeError):
     """A payload could not be serialised for publishing."""
+
+
+class InvalidPayload(KombuEventsError, ValueError):
+    """A payload does not fit its contract (a handler's annotation, a declared publication).
+
+    ``contract`` names the type; ``errors`` lists each problem as (field path, message,
+    the offending input's repr, cut short). ``str()`` says all of it on one line.
+    """
+
+    def __init__(self, contract: str, errors: list[tuple[str, str, str]], more: int = 0) -> None:
+        listed = "; ".join(f"{path}: {message} (input: {given})" for path, message, given in errors)
+        count = len(errors) + more
+        tail = f"; and {more} more" if more else ""
+        super().__init__(f"payload does not fit {contract}: {count} error{'s' if count != 1 else ''}: "
+                         f"{listed}{tail}")
+        self.contract = contract
+        self.errors = errors
+        self.more = more
+
+    def __reduce__(self) -> tuple[type[InvalidPayload], tuple[str, list[tuple[str, str, str]], int]]:
+        return type(self), (self.contract, self.errors, self.more)
 
 
 # What a handler raises to steer its message.

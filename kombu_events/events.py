@@ -14,6 +14,7 @@ from .core.backoff import Backoff
 from .core.circuit import CircuitBreaker
 from .core.codec import accept_set
 from .core.config import Settings, broker_url, check_setting_names, resolve_settings
+from .core.contracts import Publication
 from .core.handlers import Handler, HandlerSpec, handler_options
 from .core.health import HealthCheck
 from .core.schedule import Schedule
@@ -112,6 +113,7 @@ class Events:
         circuit_breaker: CircuitBreaker | Literal[False] | None = None,
         prefetch: int | None = None,
         single_active_consumer: bool = False,
+        type: str | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: call the function for every event whose routing key matches ``binding_keys``.
 
@@ -124,14 +126,21 @@ class Events:
         the fleet receives from the queue at a time (with ``prefetch=1``: one message at
         a time, in queue order, across the fleet).
 
+        A parameter annotated with a type (a pydantic model, a dataclass, a ``TypedDict``...)
+        gets a validated instance; a payload that does not fit is archived at once
+        (docs/contracts.md). ``type="..."`` runs it only for events of that message type
+        (an envelope's, or the ``type`` property): others are acked; with no binding key
+        its queue is bound with ``#``.
+
         A function the worker could not run as written is refused here, with
         ConfigurationError: an ``async def`` or generator function (calling it would not
-        run its body), a class, or one that cannot take one positional argument.
+        run its body), a class, one that cannot take one positional argument, or an
+        annotation pydantic cannot validate.
         """
         keys, options = handler_options(
             binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
             dont_retry=dont_retry, bind=bind, raw=raw, circuit_breaker=circuit_breaker, prefetch=prefetch,
-            single_active_consumer=single_active_consumer)
+            single_active_consumer=single_active_consumer, message_type=type)
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._specs.append(HandlerSpec.of(fn, keys, options))  # refused here, at import time
@@ -274,10 +283,26 @@ class Events:
     def event(self, routing_key: str) -> Callable[[Callable[..., Any]], Callable[..., Published]]:
         """Decorator for a publishing function whose body validates its arguments.
 
-        Calling it runs the body (which may raise to refuse), then publishes: the
-        body's return value if not None, else the call's arguments as a dict.
+        Calling it validates the annotated arguments (InvalidPayload if one does not
+        fit), runs the body (which may raise to refuse), then publishes: the body's
+        return value if not None, else the call's arguments as a dict.
         """
         return self.publishing.event(routing_key)
+
+    def publishes(self, routing_key_pattern: str, payload_type: Any) -> Publication:
+        """Declare that this service sends events matching ``routing_key_pattern`` (a binding
+        key, ``*`` and ``#`` allowed) with payloads of ``payload_type``.
+
+        :meth:`publish` then refuses a payload that does not fit, with
+        :class:`~kombu_events.errors.InvalidPayload`, before anything is sent; the
+        AsyncAPI document (``kombu-events asyncapi``) lists it as a send operation.
+        """
+        return self.publishing.declare(routing_key_pattern, payload_type)
+
+    @property
+    def publications(self) -> tuple[Publication, ...]:
+        """What :meth:`publishes` declared, in order."""
+        return self.publishing.publications
 
     def _forget(self) -> None:
         """Handlers, schedules or checks changed: resolve the handlers and build the hooks again on next use."""

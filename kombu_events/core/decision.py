@@ -8,7 +8,7 @@ turns the decision into the steps the consumer carries out.
 from __future__ import annotations
 
 __all__ = ["Outcome", "Decision", "decide", "classify", "lost", "is_final", "likely_action", "OK", "FAILED", "RETRY",
-           "ARCHIVE", "UNDECODABLE", "LOST", "REDELIVERED", "DEFERRED"]
+           "ARCHIVE", "UNDECODABLE", "INVALID", "SKIPPED", "LOST", "REDELIVERED", "DEFERRED"]
 
 import random
 import traceback as tb
@@ -21,7 +21,9 @@ OK = "ok"
 FAILED = "failed"  # the handler raised an exception that may be retried
 RETRY = "retry"  # the handler raised Retry
 ARCHIVE = "archive"  # Archive, poisonous() section, dont_retry, not in retry_for
-UNDECODABLE = "undecodable"  # body, content type or headers rejected before the handler ran
+UNDECODABLE = "undecodable"  # body, content type, envelope or headers rejected before the handler ran
+INVALID = "invalid"  # the payload does not fit the handler's contract: the handler did not run
+SKIPPED = "skipped"  # not for this handler (its type= names another message type): acked, not run
 LOST = "lost"  # the pool process died while the handler ran
 REDELIVERED = "redelivered"  # the broker redelivered it: the last delivery ended without an ack
 DEFERRED = "deferred"  # not run (e.g. refused by a middleware): back after delay_ms, no attempt spent
@@ -53,6 +55,8 @@ class Decision(NamedTuple):
 
 
 ACK = Decision("ack")
+#: Outcomes archived after one attempt: no retry could change them.
+_AT_ONCE = (ARCHIVE, UNDECODABLE, INVALID)
 
 
 def is_final(attempt: int, max_retries: int) -> bool:
@@ -66,7 +70,7 @@ def likely_action(outcome: Outcome, *, final: bool) -> str:
     Told where the handler ran, before the worker decides: :func:`decide` may still
     archive a retry whose delay does not fit the ladder, or a refused republish.
     """
-    if final or outcome.kind in (ARCHIVE, UNDECODABLE):
+    if final or outcome.kind in _AT_ONCE:
         return "archive"
     return "retry"
 
@@ -90,14 +94,14 @@ def decide(
     ``max_retries + 1`` times is taken for one that kills its worker, and archived.
     """
     kind = outcome.kind
-    if kind == OK:
+    if kind in (OK, SKIPPED):
         return ACK
     if kind == REDELIVERED:
         if redeliveries > max_retries + 1:
             return Decision("archive", reason=f"redelivered {redeliveries} times without an ack "
                                               f"(max_retries={max_retries}): does the handler kill its worker?")
         return Decision("requeue", reason="redelivered after an unacknowledged delivery")
-    if kind in (ARCHIVE, UNDECODABLE):
+    if kind in _AT_ONCE:
         return Decision("archive", reason=outcome.reason or kind)
     if kind == DEFERRED:
         return _delayed("requeue", lost_delay_ms if outcome.delay_ms is None else outcome.delay_ms,

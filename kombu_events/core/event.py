@@ -4,20 +4,38 @@ from __future__ import annotations
 __all__ = ["Event"]
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeVar  # a default (PEP 696): a bare ``Event`` is ``Event[Any]``
+
+    from .envelopes import Envelope
+
+    P = TypeVar("P", default=Any)
+else:
+    from typing import TypeVar
+
+    P = TypeVar("P")
 
 
 @dataclass(frozen=True)
-class Event:
-    """One delivered event: decoded payload plus what the message said about itself."""
+class Event(Generic[P]):
+    """One delivered event: decoded payload plus what the message said about itself.
 
-    payload: Any
+    Annotate a bound handler's parameter ``Event[Model]`` and ``payload`` is a validated
+    ``Model`` (docs/contracts.md). ``envelope`` says what a CloudEvents, MassTransit,
+    NServiceBus or Spring envelope carried (kind, type, id, source, time, correlation id);
+    None for a bare message.
+    """
+
+    payload: P
     routing_key: str
     queue: str
     attempt: int
     headers: dict[str, Any] = field(default_factory=dict)
     properties: dict[str, Any] = field(default_factory=dict)
     body: bytes = b""
+    envelope: Envelope | None = None
 
     @property
     def message_id(self) -> str | None:

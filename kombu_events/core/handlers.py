@@ -13,6 +13,7 @@ from ..errors import ConfigurationError
 from . import names
 from .backoff import Backoff
 from .circuit import CircuitBreaker
+from .contracts import Contract, contract_for
 from .names import MAX_NAME_BYTES
 
 if TYPE_CHECKING:
@@ -40,6 +41,10 @@ class Handler:
     single_active_consumer: bool = False
     #: Declare the queue with ``x-expires``: deleted once unused (no consumer, no get) this long.
     expires_ms: int | None = None
+    #: What the payload must fit (from the parameter's annotation; None: unchecked). docs/contracts.md
+    contract: Contract | None = None
+    #: Run only for events of this message type (an envelope's type, or the ``type`` property); others are acked.
+    message_type: str | None = None
 
 
 def validate_binding_key(key: object) -> str:
@@ -159,10 +164,19 @@ def check_prefetch(value: Any) -> int | None:
 def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: str | None,
                     max_retries: int | None, backoff: Backoff | None, retry_for: Any, dont_retry: Any, bind: bool,
                     raw: bool, circuit_breaker: CircuitBreaker | Literal[False] | None, prefetch: int | None,
-                    single_active_consumer: bool) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options)."""
+                    single_active_consumer: bool, message_type: str | None = None,
+                    ) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options).
+
+    With ``type=`` and no binding key the queue is bound with ``#``: the type picks the events.
+    """
+    if message_type is not None and (not isinstance(message_type, str) or not message_type.strip()):
+        raise ConfigurationError(f"type must be a non-empty string naming a message type, got {message_type!r}")
+    if not binding_keys and message_type is not None:
+        binding_keys = ("#",)
     if not binding_keys:
-        raise ConfigurationError("handler() needs at least one binding key, e.g. 'orders.*.created'")
+        raise ConfigurationError("handler() needs at least one binding key, e.g. 'orders.*.created', "
+                                 "or type='...' to bind it to a message type")
     keys = tuple(validate_binding_key(k) for k in binding_keys)
     options = {
         "queue": queue, "name": name, "max_retries": max_retries, "backoff": backoff, "bind": bind,
@@ -170,6 +184,7 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
         "dont_retry": exception_classes("dont_retry", dont_retry),
         "circuit_breaker": circuit_breaker_of(f"handler({', '.join(map(repr, keys))})", circuit_breaker, None),
         "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
+        "message_type": message_type,
     }
     if circuit_breaker is None:
         del options["circuit_breaker"]  # the service's default, read with the settings
@@ -185,19 +200,22 @@ class HandlerSpec:
     fn: Callable[..., Any]
     binding_keys: tuple[str, ...]
     options: dict[str, Any] = field(default_factory=dict)
+    contract: Contract | None = None
 
     @classmethod
     def of(cls, fn: Callable[..., Any], binding_keys: tuple[str, ...], options: dict[str, Any]) -> HandlerSpec:
         """``fn`` registered with ``options``, refused now if the worker could not run it.
 
         The worker acks once the call returns, run or not: an ``async def`` or generator
-        function, a class, or one that cannot take the argument is refused at import time.
+        function, a class, or one that cannot take the argument is refused at import time;
+        so is an annotation pydantic cannot validate (or any, without pydantic).
         """
         argument, parameter = handler_argument(bind=options["bind"], raw=options["raw"])
         check_runnable(fn, role="handler", argument=argument, parameter=parameter)
         if options["name"] is None and not isinstance(getattr(fn, "__name__", None), str):
             raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
-        return cls(fn, binding_keys, options)
+        contract = contract_for(fn, bind=options["bind"], raw=options["raw"], where=f"handler {_describe(fn)}")
+        return cls(fn, binding_keys, options, contract)
 
     def resolve(self, service: str, s: Settings) -> Handler:
         """The handler this registration stands for, checked against the service's settings."""
@@ -225,7 +243,8 @@ class HandlerSpec:
                        max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
                        dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"],
                        circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
-                       single_active_consumer=o["single_active_consumer"])
+                       single_active_consumer=o["single_active_consumer"], contract=self.contract,
+                       message_type=o.get("message_type"))
 
 
 def handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:

@@ -19,6 +19,9 @@ from prometheus_client.utils import floatToGoString
 LABELS = ["service", "queue", "handler"]
 #: Values of the ``state`` label of ``kombu_events_circuit_state``.
 CIRCUIT_STATES = ("closed", "open", "half_open")
+#: Values of the ``reason`` label of ``kombu_events_unhandled``: the payload does not fit the handler's
+#: contract (archived), the body, envelope or headers cannot be read (archived), another message type (acked).
+UNHANDLED_REASONS = ("invalid", "undecodable", "other_type")
 #: Upper bounds of the handler time buckets, in seconds (1 ms .. 5 min; +Inf is added).
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _BOUNDS = [floatToGoString(b) for b in BUCKETS] + ["+Inf"]
@@ -50,6 +53,10 @@ class HandlerCounts(Protocol):
     @property
     def exceptions(self) -> Mapping[str, int]:
         """Exceptions raised by the handler, by type."""
+
+    @property
+    def unhandled(self) -> Mapping[str, int]:
+        """Messages settled without running the handler, by reason (:data:`UNHANDLED_REASONS`)."""
 
     @property
     def depth(self) -> int | None:
@@ -88,7 +95,7 @@ class Families:
 
     def collect(self) -> Iterator[Metric]:
         """Every family, from a snapshot of the counts (the event loop may change them meanwhile)."""
-        messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit = _empty()
+        messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled = _empty()
         for q in list(self.metrics.queues.values()):
             labels = list(q.labels)
             for outcome, count in list(q.outcomes.items()):
@@ -97,6 +104,8 @@ class Families:
             in_flight.add_metric(labels, q.in_flight)
             for kind, count in list(q.exceptions.items()):
                 exceptions.add_metric([*labels, kind], count)
+            for reason, count in list(q.unhandled.items()):
+                unhandled.add_metric([*labels, reason], count)
             if q.depth is not None:
                 queue_depth.add_metric(labels, q.depth)
             for state in CIRCUIT_STATES if q.circuit in CIRCUIT_STATES else (*CIRCUIT_STATES, q.circuit):
@@ -105,7 +114,7 @@ class Families:
             ladder.add_metric([service, str(level)], ready)
         for service, ready in sorted(self.metrics.archive_depths.items()):
             archive.add_metric([service], ready)
-        return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit])
+        return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled])
 
 
 def _empty() -> tuple[Any, ...]:
@@ -125,4 +134,7 @@ def _empty() -> tuple[Any, ...]:
         GaugeMetricFamily("kombu_events_archive_depth", "Messages in the archive" + every_15_s, labels=["service"]),
         GaugeMetricFamily("kombu_events_circuit_state", "1 for the state a handler's circuit breaker is in.",
                           labels=[*LABELS, "state"]),
+        CounterMetricFamily("kombu_events_unhandled", "Messages settled without running the handler, by reason: "
+                            "invalid (payload does not fit its contract), undecodable, other_type (type= filter).",
+                            labels=[*LABELS, "reason"]),
     )

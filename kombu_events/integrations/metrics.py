@@ -30,7 +30,7 @@ from ..core import decision
 from ..errors import UnroutableError
 from ..middleware.base import Middleware
 from ..ops.status import DepthTarget, depth_targets, read_depths
-from .metric_families import BUCKETS, CIRCUIT_STATES, Families
+from .metric_families import BUCKETS, CIRCUIT_STATES, UNHANDLED_REASONS, Families
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,8 @@ OUTCOMES = ("ack", "retry", "requeue", "archive", "held")
 #: Seconds between two depth readings: a scrape never costs a broker round trip.
 REFRESH_S = 15.0
 _RAN = (decision.OK, decision.FAILED, decision.RETRY)
+#: The ``reason`` label of ``kombu_events_unhandled`` for each outcome whose handler did not run.
+_UNHANDLED = {decision.INVALID: "invalid", decision.UNDECODABLE: "undecodable", decision.SKIPPED: "other_type"}
 
 
 def handler_ran(outcome: decision.Outcome) -> bool:
@@ -71,6 +73,7 @@ class QueueStats:
         self.buckets = [0] * (len(BUCKETS) + 1)  # per bucket, not cumulative; the last one is +Inf
         self.duration_s = 0.0
         self.exceptions: dict[str, int] = {}
+        self.unhandled = dict.fromkeys(UNHANDLED_REASONS, 0)
         self.in_flight = 0
         self.since = float("-inf")  # deliveries received before this (monotonic) belong to an old connection
         self.depth: int | None = None
@@ -131,6 +134,8 @@ class PrometheusMetrics(Middleware):
             kind = exception_type(outcome)
             if kind is not None:
                 q.exceptions[kind] = q.exceptions.get(kind, 0) + 1
+        if outcome.kind in _UNHANDLED:
+            q.unhandled[_UNHANDLED[outcome.kind]] += 1
         if delivery.received >= q.since and q.in_flight > 0:
             q.in_flight -= 1
 

@@ -18,11 +18,13 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterable
 
 from .. import signals
-from ..core import names
+from ..core import names, topic
 from ..core.circuit import CircuitBreaker
 from ..core.config import Settings
+from ..core.contracts import Contract, Publication, outgoing, parameter_contracts
+from ..core.handlers import validate_binding_key
 from ..core.topology import Topology, build_topology
-from ..errors import KombuEventsError
+from ..errors import InvalidPayload, KombuEventsError
 from ..middleware.base import Hooks
 from .backlog import Backlog, open_backlog
 from .backlog_policy import Published
@@ -57,6 +59,8 @@ class ServicePublisher:
         self._backlog_publisher: BacklogPublisher | None = None
         self._backlog_publisher_lock = threading.Lock()
         self._topology: Topology | None = None
+        #: What the service declared it sends (``Events.publishes``): ``publish`` checks payloads against them.
+        self.publications: tuple[Publication, ...] = ()
 
     @property
     def publisher(self) -> Publisher:
@@ -89,9 +93,28 @@ class ServicePublisher:
             self._topology = build_topology(self._settings(), ())
         return self._topology
 
+    def declare(self, pattern: str, payload_type: Any) -> Publication:
+        """Declare that events whose key matches ``pattern`` carry ``payload_type``; see ``Events.publishes``."""
+        publication = Publication(validate_binding_key(pattern),
+                                  Contract(payload_type, where=f"publishes({pattern!r}, ...)"))
+        self.publications += (publication,)
+        return publication
+
+    def checked(self, routing_key: str, payload: Any) -> Any:
+        """``payload`` ready to send: validated against every declared publication its key matches
+        (:class:`~kombu_events.errors.InvalidPayload` if it does not fit one), models in JSON mode."""
+        ready = None
+        for publication in self.publications:
+            if topic.matches(publication.pattern, routing_key):
+                contract = publication.contract
+                dumped = contract.dump(contract.validate(payload))
+                ready = dumped if ready is None else ready
+        return outgoing(payload) if ready is None else ready
+
     def publish(self, routing_key: str, payload: Any, *, delay: float = 0, **options: Any) -> Published:
         """Publish one event (``options``: ``headers``, ``message_id``, ``correlation_id``); see ``Events.publish``."""
         names.validate_name("routing_key", routing_key)
+        payload = self.checked(routing_key, payload)
         exchange, key, message = self._prepared(routing_key, payload, delay, **options)
         self._before_publish(exchange, key, message)
         if self.backlog_publisher is not None:
@@ -109,7 +132,7 @@ class ServicePublisher:
         items = []
         for routing_key, payload in events:
             names.validate_name("routing_key", routing_key)
-            items.append(self._prepared(routing_key, payload, delay))
+            items.append(self._prepared(routing_key, self.checked(routing_key, payload), delay))
         for exchange, routing_key, message in items:
             self._before_publish(exchange, routing_key, message)
         return self._through_backlog(items) if self.backlog_publisher is not None else self._publish_many(items)
@@ -120,13 +143,19 @@ class ServicePublisher:
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Published]:
             signature = inspect.signature(fn)
+            contracts = parameter_contracts(fn, where=f"@event({routing_key!r}) {fn.__qualname__}")
 
             @functools.wraps(fn)
             def fire(*args: Any, **kwargs: Any) -> Published:
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
-                result = fn(*args, **kwargs)
-                return self.publish(routing_key, _arguments(signature, bound) if result is None else result)
+                if contracts:
+                    _validate_arguments(bound, contracts)
+                result = fn(*bound.args, **bound.kwargs)
+                if result is None:
+                    result = _arguments(signature, bound)
+                    result.update({name: c.dump(result[name]) for name, c in contracts.items() if name in result})
+                return self.publish(routing_key, result)
 
             fire.routing_key = routing_key  # type: ignore[attr-defined]
             return fire
@@ -190,6 +219,19 @@ class ServicePublisher:
     def _flushed(self, exchange: str, routing_key: str, properties: dict[str, Any], error: Exception | None) -> None:
         """The flusher published a stored event: ``after_publish`` and ``event_published`` see it now."""
         self._after_publish(exchange, routing_key, SimpleNamespace(properties=properties), error)
+
+
+def _validate_arguments(bound: inspect.BoundArguments, contracts: dict[str, Contract]) -> None:
+    """Replace each annotated argument by its validated value; one InvalidPayload lists every argument's errors."""
+    errors: list[tuple[str, str, str]] = []
+    for name, contract in contracts.items():
+        try:
+            bound.arguments[name] = contract.validate(bound.arguments[name])
+        except InvalidPayload as exc:
+            errors += [(name if path == "(payload)" else f"{name}.{path}", message, given)
+                       for path, message, given in exc.errors]
+    if errors:
+        raise InvalidPayload("the arguments of this event", errors)
 
 
 def _arguments(signature: inspect.Signature, bound: inspect.BoundArguments) -> dict[str, Any]:

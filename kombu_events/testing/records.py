@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 from ..core.codec import JSON, decode
 from ..core.decision import Outcome
 from ..core.handlers import Handler
-from ..errors import Archive, Retry
+from ..errors import Archive, InvalidPayload, Retry
 
 
 def _payload(body: bytes, properties: Mapping[str, Any]) -> Any:
@@ -82,8 +82,9 @@ def fails_fast(exc: BaseException, handler: Handler) -> bool:
     """Whether ``join(fail_fast=True)`` re-raises ``exc`` from ``handler``: an exception nobody declared.
 
     ``Retry``, ``Archive`` (and ``Poisoned``, from ``poisonous()``) and the handler's
-    ``dont_retry`` classes are a handler's deliberate answers: they are settled, not raised.
+    ``dont_retry`` classes are a handler's deliberate answers: they are settled, not raised;
+    so is ``InvalidPayload``, a payload that does not fit the handler's contract (archived).
     """
-    if isinstance(exc, (Retry, Archive)):
+    if isinstance(exc, (Retry, Archive, InvalidPayload)):
         return False
     return not (handler.dont_retry and isinstance(exc, handler.dont_retry))

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 from .. import registry, signals
 from ..core import decision
 from ..core.codec import JSON
+from ..core.contracts import outgoing
 from ..core.delivery import Delivery, read_delivery
 from ..core.event import Event
 from ..core.handlers import Handler
@@ -301,7 +302,7 @@ def _outgoing(payload: Any, headers: Mapping[str, Any] | None, content_type: str
               content_encoding: str | None, message_id: str | None, correlation_id: str | None,
               properties: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
     """The body and properties :meth:`StubEvents.publish` sends, as any AMQP publisher would."""
-    message = build_message(None if isinstance(payload, bytes) else payload, message_id=message_id,
+    message = build_message(None if isinstance(payload, bytes) else outgoing(payload), message_id=message_id,
                             correlation_id=correlation_id, headers=headers)
     sent = dict(message.properties)
     for name, value in (("content_type", content_type), ("content_encoding", content_encoding)):

@@ -18,8 +18,9 @@ from typing import Any, Callable
 from .. import registry, signals
 from ..core import decision
 from ..core.codec import decode, decompress
+from ..core.envelopes import Envelope, unwrap
 from ..core.event import Event
-from ..errors import Archive, DecodeError
+from ..errors import Archive, DecodeError, InvalidPayload
 from ..registry import Route
 
 logger = logging.getLogger(__name__)
@@ -52,18 +53,31 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
         refused = route.hooks.admit(queue)
         if refused is not None:
             return refused
+    headers, properties = (meta[2], meta[3]) if meta else ({}, {})
+    envelope = None
     try:
-        compression = meta[2].get("compression") if meta else None
+        compression = headers.get("compression")
         if compression is not None:
             body = decompress(body, compression)
-        payload = body if handler.raw else decode(body, content_type, content_encoding, route.accept)
+        if handler.raw:
+            payload = body
+        else:
+            payload, envelope = unwrap(body, content_type, content_encoding, headers, properties,
+                                       partial(_decode, accept=route.accept))
     except DecodeError as exc:
         return decision.Outcome(decision.UNDECODABLE, str(exc), f"{type(exc).__name__}: {exc}")
+    if handler.message_type is not None and not _of_type(handler.message_type, envelope, properties):
+        return decision.Outcome(decision.SKIPPED, f"not of type {handler.message_type!r}")
+    if handler.contract is not None:
+        try:
+            payload = handler.contract.validate(payload)
+        except InvalidPayload as exc:
+            return _invalid(exc, payload, route, queue, meta, body, envelope, final)
     hooks = route.hooks
     event = None
     # Only a failure needs an Event for handler_failed (e.g. Sentry's receiver): built then, not per message.
     if handler.bind or hooks.on_handling or signals.handler_started.receivers or signals.handler_succeeded.receivers:
-        event = _event(payload, queue, meta, body)
+        event = _event(payload, queue, meta, body, envelope)
         if signals.handler_started.receivers:
             signals.handler_started.send(sender=handler.fn, event=event)
     argument = event if handler.bind else payload
@@ -79,7 +93,7 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
                                     traceback_limit=route.traceback_limit, final=final, duration_ms=duration_ms)
         if signals.handler_failed.receivers:
             if event is None:
-                event = _event(payload, queue, meta, body)
+                event = _event(payload, queue, meta, body, envelope)
             signals.handler_failed.send(sender=handler.fn, event=event, exception=exc, traceback=exc.__traceback__,
                                         duration_ms=duration_ms, outcome=outcome,
                                         action=decision.likely_action(outcome, final=final))
@@ -88,6 +102,29 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     if signals.handler_succeeded.receivers:
         signals.handler_succeeded.send(sender=handler.fn, event=event, duration_ms=duration_ms)
     return decision.Outcome(decision.OK, duration_ms=duration_ms)
+
+
+def _decode(body: bytes, content_type: str | None, content_encoding: str | None, *, accept: frozenset[str]) -> Any:
+    return decode(body, content_type, content_encoding, accept)
+
+
+def _of_type(wanted: str, envelope: Envelope | None, properties: dict[str, Any]) -> bool:
+    """Whether the message is of type ``wanted``: its envelope's type, else its AMQP ``type`` property."""
+    if envelope is not None:
+        return envelope.matches(wanted)
+    return properties.get("type") == wanted
+
+
+def _invalid(exc: InvalidPayload, payload: Any, route: Route, queue: str, meta: Meta | None, body: bytes,
+             envelope: Envelope | None, final: bool) -> decision.Outcome:
+    """The payload does not fit the handler's contract: archived at once; ``handler_failed`` tells why."""
+    what = decision.describe(exc)
+    outcome = decision.Outcome(decision.INVALID, str(exc), what)
+    if signals.handler_failed.receivers:
+        signals.handler_failed.send(sender=route.handler.fn, event=_event(payload, queue, meta, body, envelope),
+                                    exception=exc, traceback=None, duration_ms=0.0, outcome=outcome,
+                                    action=decision.likely_action(outcome, final=final))
+    return outcome
 
 
 def _timed(fn: Callable[[Any], Any], argument: Any) -> float:
@@ -111,9 +148,9 @@ def _ran(result: Any) -> None:
                       f"cannot await or iterate it; make the handler a plain function")
 
 
-def _event(payload: Any, queue: str, meta: Meta | None, body: bytes) -> Event:
+def _event(payload: Any, queue: str, meta: Meta | None, body: bytes, envelope: Envelope | None = None) -> Event[Any]:
     """The Event a bound handler, a ``handling`` middleware or a pool signal gets."""
     routing_key, attempt, headers, properties = meta or ("", 0, {}, {})
     # Copies: under the solo and threads pools these are the delivery's own, which a retry or
     # archive copy is built from; what a handler changes must not leak into it.
-    return Event(payload, routing_key, queue, attempt, dict(headers), dict(properties), body)
+    return Event(payload, routing_key, queue, attempt, dict(headers), dict(properties), body, envelope)

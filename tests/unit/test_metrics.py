@@ -311,3 +311,21 @@ def test_two_metrics_on_one_registry_are_refused_as_duplicates():
     PrometheusMetrics(registry)
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         PrometheusMetrics(registry)
+
+
+def test_messages_settled_without_running_the_handler_are_counted_by_reason(metrics):
+    from kombu_events.core.decision import INVALID, SKIPPED
+
+    metrics.settled(delivery(), Outcome(INVALID, "does not fit", "kombu_events.errors.InvalidPayload: x"),
+                    republish("archive"))
+    metrics.settled(delivery(), Outcome(INVALID, "does not fit", "kombu_events.errors.InvalidPayload: x"),
+                    republish("archive"))
+    metrics.settled(delivery(), Outcome(UNDECODABLE, "bad", "DecodeError: bad"), republish("archive"))
+    metrics.settled(delivery(), Outcome(SKIPPED, "not of type 'x'"), ACK)
+    metrics.settled(delivery(), Outcome(OK, duration_ms=1), ACK)
+    unhandled = {reason: value(metrics, "kombu_events_unhandled_total", reason=reason)
+                 for reason in ("invalid", "undecodable", "other_type")}
+    assert unhandled == {"invalid": 2, "undecodable": 1, "other_type": 1}
+    assert value(metrics, "kombu_events_handler_exceptions_total",
+                 exception_type="kombu_events.errors.InvalidPayload") == 0  # the handler did not raise it
+    assert value(metrics, "kombu_events_handler_duration_seconds_count") == 1
