@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import uuid
+from datetime import datetime, timedelta, timezone
 from typing import Iterable
 
 from amqp import Message
@@ -78,9 +79,27 @@ def publish(url: str, items: list[tuple[str, str, Message]]) -> None:
         publisher.close()
 
 
-def event_messages(exchange: str, keys: list[str], n: int, first: int = 0, **extra) -> list[tuple[str, str, Message]]:
-    """``n`` distinct JSON events ``{"i": i}`` spread round-robin over routing ``keys``."""
-    return [(exchange, keys[i % len(keys)], build_message({"i": i, **extra})) for i in range(first, first + n)]
+#: ``placed_at`` of :func:`order_payload` ``i`` is this plus ``i`` seconds.
+ORDER_EPOCH = datetime(2026, 11, 25, 8, 0, tzinfo=timezone.utc)
+CURRENCIES = ("EUR", "USD", "GBP", "CHF")
+
+
+def order_payload(i: int) -> dict:
+    """A 5-field order event (``i`` stays the probe's id), the payload ``benchmarks.apps.orders.Order5`` fits."""
+    return {"i": i, "order_id": f"ord-{i:08d}", "amount": round(5 + (i % 10_000) * 0.37, 2),
+            "currency": CURRENCIES[i % len(CURRENCIES)], "placed_at": (ORDER_EPOCH + timedelta(seconds=i)).isoformat()}
+
+
+def event_messages(exchange: str, keys: list[str], n: int, first: int = 0, fields: int = 1,
+                   **extra) -> list[tuple[str, str, Message]]:
+    """``n`` distinct JSON events ``{"i": i}`` spread round-robin over routing ``keys``.
+
+    ``fields=5``: each payload is :func:`order_payload` ``(i)`` instead (5 fields, ``extra`` added).
+    """
+    if fields not in (1, 5):
+        raise ValueError(f"fields must be 1 ({{'i': i}}) or 5 (order_payload), got {fields!r}")
+    body = order_payload if fields == 5 else (lambda i: {"i": i})
+    return [(exchange, keys[i % len(keys)], build_message({**body(i), **extra})) for i in range(first, first + n)]
 
 
 def celery_messages(app, task: str, queue: str, n: int, kwargs: dict | None = None,

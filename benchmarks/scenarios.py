@@ -206,16 +206,19 @@ def celery_tasks(pool: str, concurrency: int) -> Callable[[Context], Run]:
 
 
 def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int = 1,
-                    tracing: float = 0, metrics: bool = False, prefetch: int | None = None) -> Callable[[Context], Run]:
+                    tracing: float = 0, metrics: bool = False, prefetch: int | None = None,
+                    fields: int = 1) -> Callable[[Context], Run]:
     """kombu-events: handlers under ``celery worker --with-events-step``.
 
     ``tracing``: with TracingMiddleware sampling that share of traces (0: none, 1: all); ``metrics``: the
     worker serves Prometheus metrics (``--events-metrics-port``); ``prefetch``: the service's
-    ``prefetch_count`` (per handler queue; default: the library's, see config.auto_prefetch).
+    ``prefetch_count`` (per handler queue; default: the library's, see config.auto_prefetch);
+    ``fields``: 1 for ``{"i": i}`` payloads, 5 for ``broker.order_payload`` (what mode ``typed`` validates).
     """
     def run(ctx: Context) -> Run:
         suffix = (f"-traced{tracing:g}" if tracing else "") + ("-metrics" if metrics else "")
         suffix += f"-p{prefetch}" if prefetch is not None else ""
+        suffix += f"-{fields}f" if fields != 1 else ""
         out = ctx.directory(f"events-{mode}-{pool}-{queues}q{suffix}")
         acks = 2 * ctx.n if mode == "fail_once" else ctx.n
         keys = [routing_key(k) for k in range(queues)]
@@ -224,7 +227,7 @@ def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int
             run = _throughput(
                 ctx, out,
                 lambda: service.worker(pool, concurrency, _env(out, ctx.n, acks), out, *extra),
-                lambda: broker.publish(ctx.url, broker.event_messages(ctx.exchange, keys, ctx.n)),
+                lambda: broker.publish(ctx.url, broker.event_messages(ctx.exchange, keys, ctx.n, fields=fields)),
                 service.handler_queues, acks, fails=mode == "fail_once")
             return run if run.error else _after(run, ctx.url, service.all_queues)
     return run

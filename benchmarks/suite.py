@@ -80,6 +80,14 @@ ROWS: tuple[Row, ...] = (
         s.latency("events", "solo", 1), "lat-raw", 5.0),
     Row("lat-events-prefork", "6 latency", "events handler, prefork -c 2, publish -> handler start, {rate:g}/s",
         "ms", s.latency("events", "prefork", 2), "lat-raw", 5.0),
+    Row("untyped5-solo", "7 contracts", "events no-op handler, unannotated, 5-field payload, solo", "msgs/s",
+        s.events_consumer("solo", 1, fields=5)),
+    Row("typed5-solo", "7 contracts", "events no-op handler, 5-field pydantic model validated, solo", "msgs/s",
+        s.events_consumer("solo", 1, mode="typed", fields=5), "untyped5-solo", 0.8),
+    Row("untyped5-prefork", "7 contracts", "events no-op handler, unannotated, 5-field payload, prefork -c 2",
+        "msgs/s", s.events_consumer("prefork", 2, fields=5)),
+    Row("typed5-prefork", "7 contracts", "events no-op handler, 5-field pydantic model validated, prefork -c 2",
+        "msgs/s", s.events_consumer("prefork", 2, mode="typed", fields=5), "untyped5-prefork", 0.8),
 )
 
 

@@ -3,7 +3,9 @@
 :func:`build` is shared with the runner, which declares the same topology and
 publishes to it. Handler ``h<k>`` consumes ``<service>.h<k>``, bound to ``bench.<k>``.
 Modes: ``noop`` (count and return), ``latency`` (also record publish -> start),
-``fail_once`` (raise on the first attempt), ``wait`` (first attempt: ``Retry(delay=KEB_WAIT_S)``).
+``fail_once`` (raise on the first attempt), ``wait`` (first attempt: ``Retry(delay=KEB_WAIT_S)``),
+``typed`` (a no-op whose parameter is annotated with a 5-field pydantic model, :mod:`benchmarks.apps.orders`:
+the worker validates each payload into an instance; needs pydantic 2 and a ``kombu_events`` with contracts).
 ``KEB_TRACING=1`` adds :class:`~kombu_events.tracing.TracingMiddleware` (needs ``opentelemetry-sdk``);
 ``KEB_TRACING=0.1`` samples 10 % of traces.
 Imports only names every version of the package has at its top level (``python -m benchmarks.compare``
@@ -62,7 +64,10 @@ def _handler(mode: str, wait_s: float) -> tuple[Callable[..., Any], dict[str, An
                 raise Retry(delay=wait_s)
             probe.handled(payload["i"])
         return wait, {"bind": True}
-    raise ValueError(f"unknown mode {mode!r}; use noop, latency, fail_once or wait")
+    if mode == "typed":
+        from benchmarks.apps.orders import typed5  # pydantic: only in this mode (older trees run the others)
+        return typed5, {}
+    raise ValueError(f"unknown mode {mode!r}; use noop, latency, fail_once, wait or typed")
 
 
 def _tracing(ratio: float) -> Middleware:
