@@ -72,6 +72,7 @@ nitpick_ignore = [
     ("py:class", "opentelemetry.trace.TracerProvider"),  # TracingMiddleware(tracer_provider=...)
     ("py:class", "CollectorRegistry"),  # PrometheusMetrics(registry=...): prometheus_client's, mocked
     ("py:class", "AbstractContextManager"),  # contextlib's, named bare by Middleware.handling (see below)
+    ("py:class", "P"),  # Event(Generic[P]): the payload's type variable, Event[Model]
 ]
 
 graphviz_output_format = "svg"
@@ -365,10 +366,19 @@ def _viewcode_backlinks(app: Sphinx, pagename: str, templatename: str, context: 
     context["body"] = _BACKLINK.sub(fix, context["body"])
 
 
+def _asyncapi_page() -> None:
+    """Write ``asyncapi.md``: the tutorial's service as ``kombu-events -A shop asyncapi`` prints it."""
+    sys.path.insert(0, str(HERE / "_tools"))
+    from asyncapi_page import write
+
+    write(HERE)
+
+
 def setup(app: Sphinx) -> None:
     """Generate the topology and architecture pictures before the pages are read; the hooks above."""
     _topology_dot()
     _architecture()
+    _asyncapi_page()
     app.connect("autodoc-process-signature", _dataclass_defaults)
     app.connect("doctree-read", _mark_text_diagrams)
     app.connect("doctree-read", _mark_text_columns)

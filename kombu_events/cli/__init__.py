@@ -2,7 +2,7 @@
 ``--broker``, ``--service``) and :func:`main`, the console-script entry point; the commands live in modules
 by what they are for (:mod:`.topology`: declare, migrate; :mod:`.inspect`: status, health, schedules;
 :mod:`.archive`: archive list/show/replay/purge; :mod:`.publish`: publish; :mod:`.backlog`: backlog
-status/flush) and what they share in :mod:`.common`.
+status/flush; :mod:`.asyncapi`: the service's AsyncAPI document) and what they share in :mod:`.common`.
 
 Made for scripts too (docs/cli.md): ``--version``; ``--json`` on every command that reports or changes
 something, one document on stdout described by a JSON Schema shipped in ``schemas/``; and one exit-code
@@ -20,7 +20,7 @@ import click
 
 from ..broker import lenient_amqp
 from ..version import __version__
-from . import archive, backlog, inspect, publish, topology
+from . import archive, asyncapi, backlog, inspect, publish, topology
 from .common import ERROR, Context, examples
 
 
@@ -70,12 +70,14 @@ cli.add_command(publish.publish)
 cli.add_command(backlog.backlog)
 cli.add_command(inspect.schedules)
 cli.add_command(topology.migrate_queues)
+cli.add_command(asyncapi.asyncapi)
 
 examples(cli,
          "kombu-events -A proj.events declare --dry-run   # the topology, without connecting",
          "kombu-events -A proj.events status              # queue depths, delay levels, archive",
          "kombu-events -A proj.events health              # exit 2 when something is wrong",
          "kombu-events -A proj.events archive list        # what failed, and why",
+         "kombu-events -A proj.events asyncapi            # the AsyncAPI document of the service",
          "kombu-events publish orders.7.created '{\"order_id\": 7}'")
 
 

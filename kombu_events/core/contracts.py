@@ -88,6 +88,9 @@ def contract_for(fn: Callable[..., Any], *, bind: bool, raw: bool, where: str) -
                 f"{where}: with bind=True the handler gets an Event, but its parameter is annotated "
                 f"{_name_of(annotation)}; annotate it Event[{_name_of(annotation)}] to validate the payload")
         annotation = typing.get_args(annotation)[0]
+    elif annotation is Event or typing.get_origin(annotation) is Event:
+        raise ConfigurationError(f"{where}: its parameter is annotated {_name_of(annotation)}, but without bind=True "
+                                 f"the handler gets the payload, not an Event: pass bind=True")
     return None if untyped(annotation) else Contract(annotation, where=where)
 
 

@@ -76,6 +76,9 @@ def test_a_bound_handler_names_its_payload_type_as_event_of_it():
     def mistaken(event: OrderCreated) -> None: ...
 
     assert contract_for(bound, bind=True, raw=False, where="h").annotation is OrderCreated
+    for unbound in (bound, plain_event):
+        with pytest.raises(ConfigurationError, match="without bind=True the handler gets the payload"):
+            contract_for(unbound, bind=False, raw=False, where="h")
     assert contract_for(plain_event, bind=True, raw=False, where="h") is None
     with pytest.raises(ConfigurationError, match=r"annotate it Event\[OrderCreated\]"):
         contract_for(mistaken, bind=True, raw=False, where="h")
