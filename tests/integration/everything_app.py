@@ -4,10 +4,11 @@
 its configuration in ``EVERYTHING_*`` environment variables (see :func:`configure`);
 imported without them (by the test or the soak), it defines the helpers only.
 
-- handlers ``work``, ``pay`` (circuit breaker; its dependency is down while the file
-  ``down`` exists in the records directory), ``relay`` (publishes ``later.<n>`` delayed),
-  ``later``, ``audit`` (publishes ``stored.<n>`` through a publisher with a local backlog)
-  and ``stored``; a periodic schedule ``tick``;
+- handlers ``work`` (a contract: its payload is validated into a :class:`Work`), ``pay`` (circuit
+  breaker; its dependency is down while the file ``down`` exists in the records directory), ``relay``
+  (publishes ``later.<n>`` delayed, declared with ``events.publishes``), ``later``, ``audit``
+  (publishes ``stored.<n>`` through a publisher with a local backlog) and ``stored``; a periodic
+  schedule ``tick``;
 - every attempt of an id chosen by :func:`fails_first` fails the first time; an event
   whose payload says ``poison`` is archived by design;
 - middleware: :class:`HookCounter` (each hook call) and ``TracingMiddleware`` (spans to a
@@ -32,8 +33,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from celery import Celery
+from pydantic import BaseModel
 
-from kombu_events import Archive, Backlog, CircuitBreaker, Constant, Events, Middleware, signals
+from kombu_events import Archive, Backlog, CircuitBreaker, Constant, Event, Events, Middleware, signals
 
 #: Handler queues of the service (``<service>.<name>``), with the routing key prefix of each.
 HANDLERS = ("work", "pay", "relay", "later", "audit", "stored")
@@ -46,6 +48,14 @@ LATER_DELAY_S = 0.5
 
 DOWN_FLAG = "down"
 BACKLOG_FILE = "backlog.sqlite3"
+
+
+class Work(BaseModel):
+    """The payload of every event the scenario publishes: ``work`` validates it, ``relay`` publishes it as one."""
+
+    n: int
+    kind: str
+    poison: bool
 
 
 def fails_first(seed: str, message_id: str, percent: int) -> bool:
@@ -187,8 +197,10 @@ def configure(app: Celery, *, service: str, exchange: str, publish_url: str, rec
 
     @events.handler("work.#", bind=True)
     @recorded
-    def work(event: Any) -> None:
-        if event.payload.get("poison"):
+    def work(event: Event[Work]) -> None:  # a contract: the pool validates each payload into a Work
+        if not isinstance(event.payload, Work):
+            raise TypeError(f"work got a {type(event.payload).__name__}, not a validated Work")
+        if event.payload.poison:
             raise Archive("poison by design")
 
     @events.handler("pay.#", bind=True,
@@ -203,6 +215,8 @@ def configure(app: Celery, *, service: str, exchange: str, publish_url: str, rec
     def relay(event: Any) -> None:
         n = event.routing_key.split(".", 1)[1]
         events.publish(f"later.{n}", event.payload, message_id=f"later-{event.message_id}", delay=LATER_DELAY_S)
+
+    events.publishes("later.#", Work)  # relay's publish is validated before it is sent
 
     @events.handler("audit.#", bind=True)
     @recorded

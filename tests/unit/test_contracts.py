@@ -418,3 +418,22 @@ def test_type_must_name_a_type(events, bad):
         events.handler(type=bad)
     with pytest.raises(ConfigurationError, match=r"or type='\.\.\.'"):
         events.handler()
+
+
+def test_a_decorated_handler_is_validated_by_the_annotation_of_the_function_it_wraps(events):
+    library: dict[str, Any] = {}  # a decorator from another module: its globals do not know OrderCreated
+    exec("import functools\n"
+         "def logged(fn):\n"
+         "    @functools.wraps(fn)\n"
+         "    def call(payload):\n"
+         "        return fn(payload)\n"
+         "    return call\n", library)
+    logged = library["logged"]
+
+    @events.handler("orders.#")
+    @logged
+    def on_order(order: OrderCreated) -> None:  # a string, with this module's future import
+        assert isinstance(order, OrderCreated)
+
+    (handler,) = events.handlers
+    assert handler.contract is not None and handler.contract.annotation is OrderCreated

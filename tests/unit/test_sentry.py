@@ -157,3 +157,10 @@ def test_a_sentry_sdk_that_raises_is_logged_with_the_handler_and_message_and_goe
     assert record.getMessage() == ("kombu-events: reporting the error of handler test_tags_are_cut_to_sentrys_length "
                                    "(queue billing.charge, message 'm-1') to Sentry failed")
     assert record.exc_info[1].args == ("transport broke",)
+
+
+def test_a_payload_that_does_not_fit_its_contract_is_reported():
+    from kombu_events.errors import InvalidPayload
+    from kombu_events.integrations.sentry import _reported
+
+    assert _reported(InvalidPayload("Order", [("amount", "Input should be a valid number", "'ten'")]))
