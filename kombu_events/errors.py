@@ -12,6 +12,7 @@ __all__ = [
     "ConfigurationError",
     "DelayTooLongError",
     "TopologyConflictError",
+    "TopologyMissingError",
     "PublishError",
     "UnroutableError",
     "ConfirmTimeoutError",
@@ -49,6 +50,11 @@ class TopologyConflictError(KombuEventsError):
         super().__init__(message)
         self.entity = entity
         self.argument = argument
+
+
+class TopologyMissingError(KombuEventsError):
+    """A worker that does not declare (``declare=False``) found its topology missing or different on the
+    broker; the message names what and the command that creates it."""
 
 
 class PublishError(KombuEventsError):

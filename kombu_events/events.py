@@ -68,10 +68,10 @@ class Events:
         self._handlers: tuple[Handler, ...] | None = None
         self.publishing = ServicePublisher(self, self._middleware.publishing, settings=lambda: self.settings,
                                            broker_url=lambda: self.broker_url, backlog=backlog,
-                                           health_checks=health_checks, publisher_circuit=publisher_circuit)
+                                           health_checks=health_checks, publisher_circuit=publisher_circuit, app=app)
         self.backlog = self.publishing.backlog
         self._schedules = Schedules(service, settings=lambda: self.settings, broker_url=lambda: self.broker_url,
-                                    topology=self.topology, publish_topology=lambda: self.publishing.topology)
+                                    topology=self.topology, publish_topology=lambda: self.publishing.topology, app=app)
         registry.register(self)
         install(app)
 
@@ -83,6 +83,12 @@ class Events:
         if self._settings is None:
             self._settings = resolve_settings(self.service, getattr(self.app, "conf", None), **self._overrides)
         return self._settings
+
+    def never_declare(self) -> None:
+        """Act as ``declare=False`` in this process, whatever the settings say (the worker's
+        ``--events-no-declare``): the topology is checked, never declared."""
+        self._overrides = {**self._overrides, "declare": False}
+        self._settings = None
 
     def _django_connections(self) -> str:
         return self.settings.django_connections
@@ -114,6 +120,7 @@ class Events:
         prefetch: int | None = None,
         single_active_consumer: bool = False,
         type: str | None = None,
+        publishers: Iterable[str] | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: call the function for every event whose routing key matches ``binding_keys``.
 
@@ -130,7 +137,9 @@ class Events:
         gets a validated instance; a payload that does not fit is archived at once
         (docs/contracts.md). ``type="..."`` runs it only for events of that message type
         (an envelope's, or the ``type`` property): others are acked; with no binding key
-        its queue is bound with ``#``.
+        its queue is bound with ``#``. ``publishers={"orders", ...}`` runs it only for events
+        published by those RabbitMQ users (the ``user_id`` property, which RabbitMQ checks
+        against the publishing connection's user); others are archived without running it.
 
         A function the worker could not run as written is refused here, with
         ConfigurationError: an ``async def`` or generator function (calling it would not
@@ -140,7 +149,7 @@ class Events:
         keys, options = handler_options(
             binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
             dont_retry=dont_retry, bind=bind, raw=raw, circuit_breaker=circuit_breaker, prefetch=prefetch,
-            single_active_consumer=single_active_consumer, message_type=type)
+            single_active_consumer=single_active_consumer, message_type=type, publishers=publishers)
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._specs.append(HandlerSpec.of(fn, keys, options))  # refused here, at import time
@@ -240,7 +249,7 @@ class Events:
     def routes(self) -> list[Route]:
         """What the process running each handler needs: handler, accepted types, middleware."""
         accept, limit = self.accept, self.settings.traceback_limit
-        return [Route(h, accept, limit, self.hooks) for h in self.handlers]
+        return [Route(h, accept, limit, self.hooks, self.settings.max_body_bytes) for h in self.handlers]
 
     def topology(self) -> Topology:
         """The full topology of this service (unbound kombu entities)."""

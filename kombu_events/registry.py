@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core.codec import MAX_BODY_BYTES
 from .core.handlers import Handler
 from .middleware.base import Hooks
 
@@ -27,6 +28,8 @@ class Route:
     accept: frozenset[str]
     traceback_limit: int
     hooks: Hooks = field(default_factory=Hooks)
+    #: The service's ``max_body_bytes``: a compressed body is inflated up to this size, no further.
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 #: Every ``Events`` created in this process, in creation order.

@@ -9,6 +9,12 @@ The callbacks run inside py-amqp's frame dispatch, and may publish, or drain fra
 (a synchronous channel method does), so that another confirm arrives while one is
 being settled. So settled publishes leave ``_pending`` before any callback runs, and
 a callback that raises is logged: nothing raises back into py-amqp.
+
+With ``on_refused``, a publish the broker refuses (ACCESS_REFUSED: the user may not write
+to that exchange) settles every pending publish as failed with :attr:`Confirmer.refused`
+set, instead of py-amqp reopening the channel and raising into whoever reads the
+connection (Celery's event loop: it would reconnect and redeliver, for ever). The channel
+is closed for good then: the owner opens another.
 """
 from __future__ import annotations
 
@@ -21,7 +27,9 @@ from itertools import takewhile
 from typing import Any, Callable, NamedTuple
 
 from amqp import Message, spec
+from amqp.exceptions import AccessRefused
 
+from ..core.logs import refusal_text
 from ..errors import PublishError
 
 logger = logging.getLogger(__name__)
@@ -29,6 +37,7 @@ logger = logging.getLogger(__name__)
 RETURNED = "returned by the broker: no queue is bound for it"
 NACKED = "nacked by the broker"
 _PUBLISH = spec.Basic.Publish
+_CLOSE = spec.Channel.Close
 _HEADER_FRAME_OVERHEAD = 8 + 14  # frame header and end octet; class id, weight, body size
 
 OnOk = Callable[[], Any]
@@ -46,8 +55,12 @@ class _Pending(NamedTuple):
 class Confirmer:
     """Publish with confirms on ``channel`` and call back once each publish is settled."""
 
-    def __init__(self, channel: Any, *, check_frame_size: bool = False) -> None:
+    def __init__(self, channel: Any, *, check_frame_size: bool = False,
+                 on_refused: Callable[[str], Any] | None = None) -> None:
         self.channel = channel
+        #: Why the broker closed the channel with ACCESS_REFUSED (then every publish fails), else None.
+        self.refused: str | None = None
+        self._on_refused = on_refused
         self.check_frame_size = check_frame_size
         self._seq = 0
         self._pending: dict[int, _Pending] = {}  # in publish order: sequence numbers only grow
@@ -56,6 +69,10 @@ class Confirmer:
         channel.events["basic_ack"].add(self._on_ack)
         channel.events["basic_nack"].add(self._on_nack)
         channel.events["basic_return"].add(self._on_return)
+        callbacks = getattr(channel, "_callbacks", None)  # py-amqp's per-channel method handlers
+        if on_refused is not None and isinstance(callbacks, dict) and _CLOSE in callbacks:
+            self._py_amqp_close = callbacks[_CLOSE]
+            callbacks[_CLOSE] = self._on_close
 
     @property
     def pending(self) -> int:
@@ -146,6 +163,24 @@ class Confirmer:
         matched = [seq for seq, entry in self._pending.items() if entry.key == key]
         logger.debug("returned %s/%s (%s): matches %d pending publish(es)", exchange, routing_key, exc, len(matched))
         self._returned.update(matched)
+
+    def _on_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int) -> None:
+        """The broker closes the channel: on ACCESS_REFUSED, close it for good and fail what is pending."""
+        if reply_code != AccessRefused.code:
+            self._py_amqp_close(reply_code, reply_text, class_id, method_id)  # reopens, raises
+            return
+        try:
+            self.channel.send_method(spec.Channel.CloseOk)
+            self.channel.collect()
+        except Exception:  # the connection went too: its owner reconnects; nothing may raise into py-amqp here
+            logger.exception("kombu-events: closing a channel the broker refused failed")
+        self.refused = refusal_text(reply_text, (class_id, method_id))
+        try:
+            assert self._on_refused is not None
+            self._on_refused(self.refused)
+        except Exception:
+            logger.exception("kombu-events: the refusal callback failed")
+        self.fail_all(self.refused)
 
     def _call(self, seq: int, entry: _Pending, callback: Callable[..., Any], *args: Any) -> None:
         # py-amqp's frame dispatch (and Celery's event loop above it) must not see a

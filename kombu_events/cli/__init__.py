@@ -20,7 +20,7 @@ import click
 
 from ..broker import lenient_amqp
 from ..version import __version__
-from . import archive, asyncapi, backlog, inspect, publish, topology
+from . import archive, asyncapi, backlog, inspect, permissions, publish, topology
 from .common import ERROR, Context, examples
 
 
@@ -71,6 +71,7 @@ cli.add_command(backlog.backlog)
 cli.add_command(inspect.schedules)
 cli.add_command(topology.migrate_queues)
 cli.add_command(asyncapi.asyncapi)
+cli.add_command(permissions.permissions)
 
 examples(cli,
          "kombu-events -A proj.events declare --dry-run   # the topology, without connecting",

@@ -40,8 +40,8 @@ def _backlog_publisher(obj: Context, path: str | None) -> BacklogPublisher:
     if not os.path.exists(path):
         raise KombuEventsError(f"no backlog at {path!r}")
     url = obj.url if obj.app_name else broker_url(None, obj.broker)
-    publisher = Publisher(url)
-    return BacklogPublisher(Backlog(path), lambda: publisher, Guard([broker_check(url)]))
+    publisher = Publisher(url, app=obj.app)
+    return BacklogPublisher(Backlog(path), lambda: publisher, Guard([broker_check(url, obj.app)]))
 
 
 @backlog.command("status")

@@ -17,9 +17,10 @@ import click
 from kombu import Connection
 
 from .. import registry
+from ..broker.connections import broker_connection, unreachable
 from ..core.config import broker_url
-from ..core.logs import safe_text, safe_url
-from ..errors import BrokerUnavailableError, KombuEventsError
+from ..core.logs import safe_text
+from ..errors import KombuEventsError
 
 #: The exit codes of every command (docs/cli.md, "Exit codes"): done and fine; an error (the broker cannot be
 #: reached, bad input, a usage error, a replay or flush that left messages behind); a check that ran and found
@@ -45,19 +46,25 @@ class Context:
 
     @property
     def url(self) -> str:
-        """``--broker``, else ``RABBIT_URL``, else the app's broker."""
-        app = self.events.app if self.app_name else None
-        return broker_url(app, self.broker)
+        """``--broker``, else the service's ``events.broker_url`` (``Events(broker=)``, ``RABBIT_URL``, the app's)."""
+        if self.broker or not self.app_name:
+            return broker_url(None, self.broker)
+        return str(self.events.broker_url)
+
+    @property
+    def app(self) -> Any:
+        """The ``-A`` app (its broker settings: ``broker_use_ssl``, ...), or None without ``-A``."""
+        return self.events.app if self.app_name else None
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A connected kombu Connection; an unreachable broker becomes one clear error."""
-        conn = Connection(self.url, connect_timeout=5)
+        """A connected kombu Connection with the app's broker settings; an unreachable broker: one clear error."""
+        conn = broker_connection(self.url, self.app)
         try:
             conn.ensure_connection(max_retries=1)
         except Exception as exc:
             conn.release()
-            raise BrokerUnavailableError(f"cannot reach the broker at {safe_url(self.url)}: {exc}") from exc
+            raise unreachable(self.url, exc) from exc
         try:
             yield conn
         finally:

@@ -115,7 +115,7 @@ def publish(obj: Context, routing_key: str, payload: str, exchange: str | None, 
         settings = dataclasses.replace(settings, exchange=exchange)
     message = build_message(data, message_id=message_id, headers=given)
     target, key = addressed(build_topology(settings, ()), routing_key, message, delay)
-    publisher = Publisher(url)
+    publisher = Publisher(url, app=obj.app)
     try:
         publisher.publish(target, key, message)
     finally:

@@ -1,10 +1,14 @@
 """Decoding of message bodies by content type, with an accept list (pickle only if asked)."""
 from __future__ import annotations
 
-__all__ = ["accept_set", "decode", "decompress", "JSON"]
+__all__ = ["accept_set", "decode", "decompress", "JSON", "MAX_BODY_BYTES"]
 
+import bz2
 import json
-from typing import Any, Iterable
+import lzma
+import sys
+import zlib
+from typing import Any, Callable, Iterable
 
 from kombu import compression as kombu_compression
 from kombu.exceptions import ContentDisallowed
@@ -13,6 +17,9 @@ from kombu.serialization import loads, prepare_accept_content
 from ..errors import ConfigurationError, DecodeError
 
 JSON = "application/json"
+
+#: Default of the ``max_body_bytes`` setting: 16 MiB, RabbitMQ 4's default ``max_message_size``.
+MAX_BODY_BYTES = 16 * 1024 * 1024
 
 
 def accept_set(accept: Iterable[str]) -> frozenset[str]:
@@ -64,9 +71,62 @@ def _bytes(body: str, content_encoding: str | None) -> bytes:
         raise DecodeError(f"body arrived as text that does not encode as {content_encoding!r}: {exc}") from exc
 
 
-def decompress(body: bytes, compression: Any) -> bytes:
-    """``body`` inflated as its ``compression`` header says (kombu's names); DecodeError otherwise."""
+def decompress(body: bytes, compression: Any, *, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """``body`` inflated as its ``compression`` header says (kombu's names); DecodeError otherwise.
+
+    Inflated a piece at a time and stopped past ``max_bytes`` (the ``max_body_bytes``
+    setting): a small bomb never grows into gigabytes. A method known to kombu that
+    cannot be inflated a piece at a time (brotli, or one an application registered)
+    is refused: its size could only be measured once it had all been inflated.
+    """
     try:
-        return bytes(kombu_compression.decompress(body, compression))
-    except Exception as exc:  # unknown method (KeyError), not compressed data (zlib.error), not a name
+        decoder = kombu_compression.get_decoder(compression)
+    except Exception as exc:  # unknown method (KeyError), not a name (TypeError: unhashable)
         raise DecodeError(f"body does not decompress as {compression!r}: {type(exc).__name__}: {exc}") from exc
+    stream = _streams().get(decoder)
+    if stream is None:
+        raise DecodeError(f"compression {compression!r} cannot be inflated within a bound (max_body_bytes="
+                          f"{max_bytes}): only zlib/gzip, bzip2, lzma/xz and zstd bodies are accepted")
+    try:
+        inflated = _inflate(stream, body, max_bytes + 1) if body else bytes(decoder(body))
+    except Exception as exc:  # not compressed data (zlib.error, OSError, LZMAError), a truncated stream
+        raise DecodeError(f"body does not decompress as {compression!r}: {type(exc).__name__}: {exc}") from exc
+    if len(inflated) > max_bytes:
+        raise DecodeError(f"body of {len(body)} bytes inflates beyond max_body_bytes={max_bytes} "
+                          f"(compression {compression!r})")
+    return inflated
+
+
+def _streams() -> dict[Any, Callable[[], Any]]:
+    """kombu's decoder functions, each with the stream decompressor that does the same work a piece at a time."""
+    table: dict[Any, Callable[[], Any]] = {
+        zlib.decompress: zlib.decompressobj, bz2.decompress: bz2.BZ2Decompressor,
+        lzma.decompress: lzma.LZMADecompressor}
+    zstd = sys.modules.get("compression.zstd") or sys.modules.get("backports.zstd")  # kombu imported it, if any
+    if zstd is not None:
+        table[zstd.decompress] = zstd.ZstdDecompressor
+    return table
+
+
+def _inflate(stream: Callable[[], Any], body: bytes, limit: int) -> bytes:
+    """``body`` inflated, but never more than ``limit`` bytes of it (then the caller refuses it).
+
+    Like the one-shot functions it stands for, it reads concatenated streams one after the
+    other (bzip2, lzma) and ignores what follows the last one that decodes.
+    """
+    out = bytearray()
+    data = body
+    while data:
+        decompressor = stream()
+        try:
+            out += decompressor.decompress(data, limit - len(out))
+        except Exception:
+            if out:
+                break  # trailing bytes that are not another stream: ignored, as bz2/lzma.decompress do
+            raise
+        if len(out) >= limit:
+            break  # stopped at the bound: more would follow
+        if not decompressor.eof:
+            raise EOFError("compressed data ended before the end-of-stream marker was reached")
+        data = decompressor.unused_data if stream is not zlib.decompressobj else b""
+    return bytes(out)

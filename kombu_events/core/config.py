@@ -12,7 +12,7 @@ from ..errors import ConfigurationError
 from . import ladder, names
 from .backoff import Backoff, Exponential
 from .circuit import CircuitBreaker
-from .codec import accept_set
+from .codec import MAX_BODY_BYTES, accept_set
 
 #: Environment variables honoured (celery-amqp-events' names for retries and the archive).
 ENV = {
@@ -38,6 +38,7 @@ LIMITS = {
     "prefetch_count": (1, 65_535),
     "traceback_limit": (0, 60_000),
     "quorum_initial_group_size": (1, 999),
+    "max_body_bytes": (1, 2**31 - 1),
 }
 
 #: Integer settings that may be left unset (None): the library then picks (see auto_prefetch).
@@ -67,9 +68,12 @@ class Settings:
     queue_type: str = "classic"
     quorum_initial_group_size: int = 3  # replicas of each quorum queue (at most the cluster's nodes)
     accept_content: tuple[str, ...] = ("application/json",)
+    #: Largest body a handler gets, as received and once inflated (a ``compression`` header); larger: archived.
+    max_body_bytes: int = MAX_BODY_BYTES
     traceback_limit: int = 2000
     django_connections: str = "close"
     circuit_breaker: CircuitBreaker | None = None  # every handler's, unless it says otherwise; off by default
+    declare: bool = True  # False: workers only check the topology `kombu-events declare` created (no configure)
 
     def __post_init__(self) -> None:
         names.validate_name("service", self.service, max_bytes=200)
@@ -97,6 +101,8 @@ class Settings:
         for levels, unit in (("delay_levels", "delay_unit_ms"), ("publish_delay_levels", "publish_delay_unit_ms")):
             _check_ladder(levels, getattr(self, levels), unit, getattr(self, unit))
         self._check_circuit_breaker()
+        if not isinstance(self.declare, bool):
+            raise ConfigurationError(f"declare must be True or False, got {self.declare!r}")
         backoff = self.backoff
         if backoff is None:
             backoff = Exponential(max_delay_ms=min(3_600_000, self.max_delay_ms))

@@ -8,7 +8,7 @@ turns the decision into the steps the consumer carries out.
 from __future__ import annotations
 
 __all__ = ["Outcome", "Decision", "decide", "classify", "lost", "is_final", "likely_action", "OK", "FAILED", "RETRY",
-           "ARCHIVE", "UNDECODABLE", "INVALID", "SKIPPED", "LOST", "REDELIVERED", "DEFERRED"]
+           "ARCHIVE", "UNDECODABLE", "INVALID", "REFUSED", "SKIPPED", "LOST", "REDELIVERED", "DEFERRED"]
 
 import random
 import traceback as tb
@@ -23,6 +23,7 @@ RETRY = "retry"  # the handler raised Retry
 ARCHIVE = "archive"  # Archive, poisonous() section, dont_retry, not in retry_for
 UNDECODABLE = "undecodable"  # body, content type, envelope or headers rejected before the handler ran
 INVALID = "invalid"  # the payload does not fit the handler's contract: the handler did not run
+REFUSED = "refused"  # its publisher (user_id) is not one of the handler's publishers=: the handler did not run
 SKIPPED = "skipped"  # not for this handler (its type= names another message type): acked, not run
 LOST = "lost"  # the pool process died while the handler ran
 REDELIVERED = "redelivered"  # the broker redelivered it: the last delivery ended without an ack
@@ -56,7 +57,7 @@ class Decision(NamedTuple):
 
 ACK = Decision("ack")
 #: Outcomes archived after one attempt: no retry could change them.
-_AT_ONCE = (ARCHIVE, UNDECODABLE, INVALID)
+_AT_ONCE = (ARCHIVE, UNDECODABLE, INVALID, REFUSED)
 
 
 def is_final(attempt: int, max_retries: int) -> bool:

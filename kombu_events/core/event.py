@@ -48,6 +48,22 @@ class Event(Generic[P]):
         return self.properties.get("correlation_id")
 
     @property
+    def user_id(self) -> str | None:
+        """The RabbitMQ user that published it (the ``user_id`` property), if the publisher set it.
+
+        RabbitMQ refuses a message whose ``user_id`` is not the user of the connection that
+        publishes it (unless that user has the ``impersonator`` tag), so a ``user_id`` here
+        is who published. A retry is republished by the worker: its copy carries the worker's
+        own user. ``publishers={...}`` on the handler runs it only for the users named.
+        """
+        return self.properties.get("user_id")
+
+    @property
+    def app_id(self) -> str | None:
+        """The publisher's ``app_id`` property, if it set one: what the publisher says it is, unchecked."""
+        return self.properties.get("app_id")
+
+    @property
     def content_type(self) -> str | None:
         """The message's content type (``None`` when the publisher sent none)."""
         return self.properties.get("content_type")

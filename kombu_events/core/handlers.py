@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["Handler", "HandlerSpec", "validate_binding_key", "check_runnable", "circuit_breaker_of", "check_prefetch",
-           "handler_argument", "handler_options"]
+           "handler_argument", "handler_options", "check_publishers"]
 
 import functools
 import inspect
@@ -45,6 +45,8 @@ class Handler:
     contract: Contract | None = None
     #: Run only for events of this message type (an envelope's type, or the ``type`` property); others are acked.
     message_type: str | None = None
+    #: RabbitMQ users whose events it runs for (the ``user_id`` property); others are archived. None: anyone's.
+    publishers: frozenset[str] | None = None
 
 
 def validate_binding_key(key: object) -> str:
@@ -161,10 +163,22 @@ def check_prefetch(value: Any) -> int | None:
     return value
 
 
+def check_publishers(value: Any) -> frozenset[str] | None:
+    """A handler's ``publishers`` as a frozenset of user names (None: anyone's), else ConfigurationError."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (set, frozenset, list, tuple)):
+        raise ConfigurationError(f"publishers must be a set of RabbitMQ user names, e.g. {{'orders'}}, got {value!r}")
+    if not value or not all(isinstance(user, str) and user for user in value):
+        raise ConfigurationError(f"publishers must name at least one RabbitMQ user, each a non-empty string, "
+                                 f"got {value!r} (None accepts every publisher)")
+    return frozenset(value)
+
+
 def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: str | None,
                     max_retries: int | None, backoff: Backoff | None, retry_for: Any, dont_retry: Any, bind: bool,
                     raw: bool, circuit_breaker: CircuitBreaker | Literal[False] | None, prefetch: int | None,
-                    single_active_consumer: bool, message_type: str | None = None,
+                    single_active_consumer: bool, message_type: str | None = None, publishers: Any = None,
                     ) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options).
 
@@ -184,7 +198,7 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
         "dont_retry": exception_classes("dont_retry", dont_retry),
         "circuit_breaker": circuit_breaker_of(f"handler({', '.join(map(repr, keys))})", circuit_breaker, None),
         "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
-        "message_type": message_type,
+        "message_type": message_type, "publishers": check_publishers(publishers),
     }
     if circuit_breaker is None:
         del options["circuit_breaker"]  # the service's default, read with the settings
@@ -244,7 +258,7 @@ class HandlerSpec:
                        dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"],
                        circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
                        single_active_consumer=o["single_active_consumer"], contract=self.contract,
-                       message_type=o.get("message_type"))
+                       message_type=o.get("message_type"), publishers=o.get("publishers"))
 
 
 def handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:

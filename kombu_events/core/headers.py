@@ -219,8 +219,9 @@ def republish_properties(
 
     A publisher's ``expiration`` governs the first delivery only: it would cut a ladder
     wait short or drop the copy from the archive, so it moves into a header. A
-    ``user_id`` other than ``userid`` (the connection's user) is dropped: the broker
-    refuses it. Strings that arrived as invalid UTF-8 go back as the bytes they were.
+    ``user_id`` other than ``userid`` (the connection's user) becomes ``userid``: the
+    broker refuses any other, and a handler's ``publishers=`` trusts its own service's
+    copies (dropped when the user is not known). Strings that arrived as invalid UTF-8 go back as the bytes they were.
     """
     new: dict[str, Any] = {}
     for name in _PROPERTIES:
@@ -228,7 +229,10 @@ def republish_properties(
         if value is not None:
             new[name] = as_sent(value)
     if new.get("user_id") not in (None, userid):
-        del new["user_id"]
+        if userid is None:
+            del new["user_id"]
+        else:
+            new["user_id"] = userid
     expiration = properties.get("expiration")
     if expiration is not None:
         headers[EXPIRATION] = as_sent(expiration if isinstance(expiration, str) else str(expiration))

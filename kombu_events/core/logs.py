@@ -1,7 +1,7 @@
 """Log helpers: broker URLs with the password masked, one structured line per outcome."""
 from __future__ import annotations
 
-__all__ = ["safe_url", "safe_text", "log_outcome"]
+__all__ = ["safe_url", "safe_text", "log_outcome", "refusal_text"]
 
 import logging
 import re
@@ -31,6 +31,25 @@ def safe_url(url: Any) -> str:
 def safe_text(text: str) -> str:
     """``text`` (say an error message) with the password of every URL in it replaced by ``**``."""
     return _TEXT_PASSWORD.sub(r"\1:**@", text)
+
+
+# RabbitMQ's reply text for ACCESS_REFUSED on a resource, and the permission each method needs on it.
+_ACCESS_REFUSED = re.compile(r"access to (?P<kind>\w+) '(?P<name>.*)' in vhost '.*' refused for user '(?P<user>.*)'")
+_PERMISSION = {(60, 40): "write to", (60, 20): "read from", (60, 70): "read from", (40, 10): "configure",
+               (50, 10): "configure", (50, 40): "configure", (40, 20): "configure"}
+
+
+def refusal_text(reply_text: str, method_sig: Any = None) -> str:
+    """One line for a broker's ACCESS_REFUSED: which permission on which exchange or queue, for which user.
+
+    ``method_sig`` is the refused method's (class id, method id): ``(60, 40)``, basic.publish, needs *write*.
+    """
+    found = _ACCESS_REFUSED.search(reply_text)
+    if found is None:
+        return f"RabbitMQ refused access ({reply_text})"
+    permission = _PERMISSION.get(tuple(method_sig) if method_sig else (), "access to")
+    kind, name, user = found["kind"], found["name"], found["user"]
+    return f"RabbitMQ refused {permission} {kind} '{name}' for user '{user}' (ACCESS_REFUSED)"
 
 
 _LEVELS = {"ack": logging.INFO, "requeue": logging.WARNING, "retry": logging.INFO, "archive": logging.ERROR,

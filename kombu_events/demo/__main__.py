@@ -55,15 +55,14 @@ def main() -> int:
 def _delete_topology() -> None:
     """A demo leaves nothing behind: delete the demo service's queues and exchanges, and its task queue and
     exchange. Celery's remote-control exchange (``celery.pidbox``) stays: every worker on the vhost shares it."""
-    from kombu import Connection
-
+    from kombu_events.broker.connections import broker_connection
     from kombu_events.demo.app import app, events
 
     topology = events.topology()
     queues = [queue.name for queue in topology.queues] + [app.conf.task_default_queue]
     exchanges = [exchange.name for exchange in topology.exchanges] + [app.conf.task_default_exchange
                                                                       or app.conf.task_default_queue]
-    with Connection(events.broker_url) as conn:
+    with broker_connection(events.broker_url, app) as conn:
         channel = conn.channel()
         for queue in queues:
             channel.queue_delete(queue)

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from kombu import Connection
+from kombu_events.broker.connections import broker_connection
 
 from .preflight import Probe, Verdict, after_start, verdict_for
 
@@ -38,7 +38,7 @@ def ready(url: str, say: Callable[[str], None]) -> bool:
 def probe(url: str, timeout_s: float = 3.0) -> Probe:
     """One connection attempt to ``url``, no retry."""
     try:
-        with Connection(url, connect_timeout=timeout_s) as conn:
+        with broker_connection(url, connect_timeout=timeout_s) as conn:
             conn.ensure_connection(max_retries=0)
     except Exception as exc:  # whatever the URL or the broker does, the demo says it in one line
         if isinstance(exc, OSError) or isinstance(exc.__cause__, OSError):  # kombu wraps socket errors

@@ -20,8 +20,9 @@ LABELS = ["service", "queue", "handler"]
 #: Values of the ``state`` label of ``kombu_events_circuit_state``.
 CIRCUIT_STATES = ("closed", "open", "half_open")
 #: Values of the ``reason`` label of ``kombu_events_unhandled``: the payload does not fit the handler's
-#: contract (archived), the body, envelope or headers cannot be read (archived), another message type (acked).
-UNHANDLED_REASONS = ("invalid", "undecodable", "other_type")
+#: contract (archived), the body, envelope or headers cannot be read (archived), another message type (acked),
+#: a publisher not in the handler's ``publishers=`` (archived).
+UNHANDLED_REASONS = ("invalid", "undecodable", "other_type", "publisher")
 #: Upper bounds of the handler time buckets, in seconds (1 ms .. 5 min; +Inf is added).
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _BOUNDS = [floatToGoString(b) for b in BUCKETS] + ["+Inf"]
@@ -135,6 +136,7 @@ def _empty() -> tuple[Any, ...]:
         GaugeMetricFamily("kombu_events_circuit_state", "1 for the state a handler's circuit breaker is in.",
                           labels=[*LABELS, "state"]),
         CounterMetricFamily("kombu_events_unhandled", "Messages settled without running the handler, by reason: "
-                            "invalid (payload does not fit its contract), undecodable, other_type (type= filter).",
+                            "invalid (payload does not fit its contract), undecodable, other_type (type= filter), "
+                            "publisher (publishers= filter).",
                             labels=[*LABELS, "reason"]),
     )

@@ -42,7 +42,8 @@ OUTCOMES = ("ack", "retry", "requeue", "archive", "held")
 REFRESH_S = 15.0
 _RAN = (decision.OK, decision.FAILED, decision.RETRY)
 #: The ``reason`` label of ``kombu_events_unhandled`` for each outcome whose handler did not run.
-_UNHANDLED = {decision.INVALID: "invalid", decision.UNDECODABLE: "undecodable", decision.SKIPPED: "other_type"}
+_UNHANDLED = {decision.INVALID: "invalid", decision.UNDECODABLE: "undecodable", decision.SKIPPED: "other_type",
+              decision.REFUSED: "publisher"}
 
 
 def handler_ran(outcome: decision.Outcome) -> bool:

@@ -104,8 +104,8 @@ def token_message(token: Token) -> Message:
 class StateStore(Publisher):
     """The confirmed publisher of a service's schedules, which also peeks and writes their state queues."""
 
-    def __init__(self, url: str, declare: Callable[[Any, str], None]) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, declare: Callable[[Any, str], None], *, app: Any = None) -> None:
+        super().__init__(url, app=app)
         self._declare = declare  # (channel, state queue): declare a state queue that expired
 
     def peek(self, queue: str, *, recheck_s: float = 0.1) -> State | None:

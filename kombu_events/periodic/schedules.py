@@ -18,7 +18,7 @@ from ..core.config import Settings
 from ..core.handlers import Handler, check_runnable
 from ..core.schedule import Schedule, make_schedule
 from ..core.topology import Topology
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TopologyMissingError
 from .runner import ScheduleRunner, Seeder, StateStore
 
 F = TypeVar("F", bound=Callable[[Any], Any])
@@ -29,12 +29,13 @@ class Schedules:
 
     ``settings``, ``broker_url``, ``topology`` (the service's whole topology) and
     ``publish_topology`` (its events exchange and ladder, what a token is addressed
-    through) are read on first use.
+    through) are read on first use. ``app``: the Celery app whose broker settings the store's connection takes.
     """
 
     def __init__(self, service: str, *, settings: Callable[[], Settings], broker_url: Callable[[], str],
-                 topology: Callable[[], Topology], publish_topology: Callable[[], Topology]) -> None:
+                 topology: Callable[[], Topology], publish_topology: Callable[[], Topology], app: Any = None) -> None:
         self.service = service
+        self.app = app
         self._settings = settings
         self._broker_url = broker_url
         self._topology = topology
@@ -74,7 +75,7 @@ class Schedules:
     def store(self) -> StateStore:
         """The schedules' confirmed publisher and state reader (one connection per process, opened on use)."""
         if self._store is None:
-            self._store = StateStore(self._broker_url(), self._declare_state_queue)
+            self._store = StateStore(self._broker_url(), self._declare_state_queue, app=self.app)
         return self._store
 
     @property
@@ -95,6 +96,10 @@ class Schedules:
                        prefetch=1, single_active_consumer=True, expires_ms=schedule.retire_after_ms)
 
     def _declare_state_queue(self, channel: Any, queue: str) -> None:
+        if not self._settings().declare:  # the token is retried (not lost) until someone declares it
+            raise TopologyMissingError(
+                f"the state queue {queue!r} does not exist and this worker does not declare (declare=False): "
+                f"run `kombu-events declare` for service {self.service}")
         for entity in self._topology().queues:
             if entity.name == queue:
                 declare_queue(channel, entity)

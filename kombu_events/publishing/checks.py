@@ -15,8 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kombu import Connection
-
+from ..broker.connections import broker_connection, failure_reason
 from ..core.circuit import CircuitBreaker
 from ..core.health import Health, Healthy, Unhealthy, check
 from ..core.logs import safe_text, safe_url
@@ -59,18 +58,23 @@ class PublisherCheck:
 
 
 class BrokerAnswers:
-    """The default check: an AMQP connection to the broker opens within ``timeout_s`` (then closes)."""
+    """The default check: an AMQP connection to the broker opens within ``timeout_s`` (then closes).
 
-    def __init__(self, url: str, *, timeout_s: float = 2.0) -> None:
+    ``app``: the Celery app whose broker settings (``broker_use_ssl``, ...) the connection takes.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 2.0, app: Any = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.app = app
 
     def __call__(self) -> Health:
-        connection = Connection(self.url, connect_timeout=self.timeout_s)
+        connection = broker_connection(self.url, self.app, connect_timeout=self.timeout_s)
         try:
             connection.connect()
         except Exception as exc:
-            return Unhealthy(safe_text(f"the broker at {safe_url(self.url)} does not answer: {exc}"))
+            reason = failure_reason(exc, self.url)
+            return Unhealthy(safe_text(f"the broker at {safe_url(self.url)} does not answer: {reason}"))
         finally:
             connection.release()
         return Healthy()
@@ -79,9 +83,9 @@ class BrokerAnswers:
         return f"<BrokerAnswers {safe_url(self.url)}>"
 
 
-def broker_check(url: str) -> PublisherCheck:
+def broker_check(url: str, app: Any = None) -> PublisherCheck:
     """The broker's check: a probe only (while its circuit is closed, publishes tell whether it answers)."""
-    return PublisherCheck(BrokerAnswers(url), interval_s=None, name=BROKER)
+    return PublisherCheck(BrokerAnswers(url, app=app), interval_s=None, name=BROKER)
 
 
 def as_check(obj: Any) -> PublisherCheck:

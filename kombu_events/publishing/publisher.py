@@ -13,12 +13,13 @@ import uuid
 from typing import Any, Iterable, Mapping
 
 from amqp import Message
-from amqp.exceptions import NotFound
+from amqp.exceptions import AccessRefused, NotFound
 from kombu import Connection
 
 from ..broker.confirms import RETURNED, Confirmer
+from ..broker.connections import broker_connection, unreachable
 from ..core import headers as wire
-from ..core.logs import safe_url
+from ..core.logs import refusal_text, safe_url
 from ..core.topology import Topology
 from ..errors import (
     BrokerUnavailableError,
@@ -76,10 +77,17 @@ def addressed(topology: Topology, routing_key: str, message: Message, delay_s: f
 
 
 class Publisher:
-    """A lazily opened connection that publishes with confirms; safe across threads and forks."""
+    """A lazily opened connection that publishes with confirms; safe across threads and forks.
 
-    def __init__(self, url: str, *, confirm_timeout: float = 30.0, connect_timeout: float = 10.0) -> None:
+    ``app``: the Celery app whose broker settings the connection takes (``broker_use_ssl``,
+    ``broker_login_method``, ...; see ``kombu_events.broker.connections.broker_connection``).
+    ``connect_timeout``: None takes the app's ``broker_connection_timeout``.
+    """
+
+    def __init__(self, url: str, *, app: Any = None, confirm_timeout: float = 30.0,
+                 connect_timeout: float | None = None) -> None:
         self.url = url
+        self.app = app
         self.confirm_timeout = confirm_timeout
         self.connect_timeout = connect_timeout
         self._lock = threading.Lock()
@@ -91,13 +99,13 @@ class Publisher:
         if self._confirmer is not None and self._pid == os.getpid():
             return self._confirmer
         self._connection = None  # a connection inherited through fork is never reused
-        connection = Connection(self.url, connect_timeout=self.connect_timeout)
+        connection = broker_connection(self.url, self.app, connect_timeout=self.connect_timeout)
         try:
             connection.ensure_connection(max_retries=2, interval_start=0.2, interval_step=0.5)
             confirmer = Confirmer(connection.channel())
         except Exception as exc:
             connection.release()
-            raise BrokerUnavailableError(f"cannot reach the broker at {safe_url(self.url)}: {exc}") from exc
+            raise unreachable(self.url, exc) from exc
         self._connection, self._confirmer, self._pid = connection, confirmer, os.getpid()
         return confirmer
 
@@ -133,6 +141,9 @@ class Publisher:
                 if isinstance(exc, NotFound):  # the channel is closed: nothing was delivered
                     raise PublishError(f"{exc.reply_text}: declare it "
                                        "(`kombu-events declare`, or start a consumer) before publishing") from exc
+                if isinstance(exc, AccessRefused):  # the channel is closed: nothing was delivered
+                    raise PublishError(f"{refusal_text(exc.reply_text, exc.method_sig)}; grant what "
+                                       "`kombu-events -A APP permissions` prints") from exc
                 raise BrokerUnavailableError(
                     f"publishing to {safe_url(self.url)} failed, delivery unknown: {exc}") from exc
             return results  # type: ignore[return-value]

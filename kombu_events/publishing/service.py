@@ -41,14 +41,16 @@ class ServicePublisher:
 
     ``settings`` and ``broker_url`` are read on first use (Celery's config may load
     after the service is declared). ``hooks`` is the service's own middleware (it may
-    grow later: ``Events.add_middleware``); ``sender`` is what signals name as sender.
+    grow later: ``Events.add_middleware``); ``sender`` is what signals name as sender. ``app``: the
+    Celery app whose broker settings (``broker_use_ssl``, ...) every connection takes.
     """
 
     def __init__(self, sender: Any, hooks: Hooks, *, settings: Callable[[], Settings], broker_url: Callable[[], str],
                  backlog: str | os.PathLike[str] | Backlog | None = None,
                  health_checks: Iterable[PublisherCheck | Callable[[], Any]] = (),
-                 publisher_circuit: CircuitBreaker | None = None) -> None:
+                 publisher_circuit: CircuitBreaker | None = None, app: Any = None) -> None:
         self.sender = sender
+        self.app = app
         self.hooks = hooks
         self._settings = settings
         self._broker_url = broker_url
@@ -66,7 +68,7 @@ class ServicePublisher:
     def publisher(self) -> Publisher:
         """The confirmed publisher (one connection per process, opened on first use)."""
         if self._publisher is None:
-            self._publisher = Publisher(self._broker_url())
+            self._publisher = Publisher(self._broker_url(), app=self.app)
         return self._publisher
 
     @publisher.setter
@@ -81,7 +83,8 @@ class ServicePublisher:
             return None
         with self._backlog_publisher_lock:  # one per service, even when threads publish their first events at once
             if self._backlog_publisher is None:
-                guard = Guard([broker_check(self._broker_url()), *self._health_checks], self._publisher_circuit)
+                guard = Guard([broker_check(self._broker_url(), self.app), *self._health_checks],
+                              self._publisher_circuit)
                 self._backlog_publisher = BacklogPublisher(self.backlog, lambda: self.publisher, guard,
                                                            on_flushed=self._flushed)
         return self._backlog_publisher

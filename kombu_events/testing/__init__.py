@@ -31,9 +31,9 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import pytest
 from celery.contrib.testing.worker import start_worker
-from kombu import Connection
 
 from .. import registry
+from ..broker.connections import broker_connection
 from ..core.logs import safe_text, safe_url
 from ..errors import BrokerUnavailableError, KombuEventsError
 from ..events import Events
@@ -91,7 +91,7 @@ def running_worker(target: Any, broker_url: str, **options: Any) -> Iterator[Any
     saved_publishers = [(events, events.publishing._publisher) for events in registry.services_of(app)]
     app.conf.update(dict(zip(_WORKER_CONF, (broker_url, broker_url, 0))))
     for events, _previous in saved_publishers:
-        events.publishing.publisher = Publisher(broker_url)
+        events.publishing.publisher = Publisher(broker_url, app=app)
     try:
         options = {"pool": "solo", "perform_ping_check": False, **options}
         with start_worker(app, with_events_step=True, **options) as worker:
@@ -147,7 +147,7 @@ def events_broker() -> Iterator[str]:
     with ExitStack() as stack:
         try:
             url = stack.enter_context(temporary_vhost(base))
-            with Connection(url, connect_timeout=5) as connection:
+            with broker_connection(url, connect_timeout=5) as connection:
                 connection.ensure_connection(max_retries=3, interval_start=0.1)
         except BrokerUnavailableError as exc:
             _unavailable(f"RabbitMQ is not reachable: {exc}")

@@ -23,6 +23,7 @@ import time
 from decimal import Decimal
 from types import TracebackType
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import unquote, urlsplit
 
 from .. import registry, signals
 from ..core import decision
@@ -77,6 +78,8 @@ class StubEvents:
         self._broker = StubBroker(self.app, lambda: tuple(self._topology(e) for e in registry.services_of(self.app)))
         #: Every settled delivery, in order (``acked``, ``retried``, ... are views of it).
         self.settled: list[Settled] = []
+        #: The RabbitMQ user the worker would connect as (the broker URL's): the ``user_id`` of its republished copies.
+        self.userid: str | None = _broker_user(self.app.conf.broker_url)
 
     # -- records --------------------------------------------------------------------------------
 
@@ -220,11 +223,12 @@ class StubEvents:
         delivery = read_delivery(message.queue, message.body, message.properties,
                                  {"routing_key": queued.delivered_with, "redelivered": False},
                                  received=time.monotonic())
-        outcome = screen(delivery, events.hooks)
+        outcome = screen(delivery, events.hooks, max_body_bytes=events.settings.max_body_bytes,
+                         publishers=handler.publishers, userid=self.userid)
         if outcome is None:
             outcome = self._run(handler, delivery)
         step = plan(delivery, outcome, max_retries=handler.max_retries, backoff=handler.backoff, topology=topology,
-                    rand=self._rand)
+                    userid=self.userid, rand=self._rand)
         step = self._carry_out(step, delivery)
         self._record(handler, delivery, outcome, step)
         announce(handler.fn, events.hooks, delivery, outcome, step)
@@ -312,6 +316,15 @@ def _outgoing(payload: Any, headers: Mapping[str, Any] | None, content_type: str
             sent[name] = value
     sent.update(properties or {})
     return (payload if isinstance(payload, bytes) else bytes(message.body)), sent
+
+
+def _broker_user(url: Any) -> str | None:
+    """The user name of the app's (first) broker URL, as the worker's connection would log in; None if none."""
+    try:
+        user = urlsplit(str(url or "").split(";")[0]).username
+    except ValueError:
+        return None
+    return unquote(user) if user else None
 
 
 def _default_exchange(events: Events | None, app: Any) -> str:

@@ -1,19 +1,25 @@
-"""The Celery consumer bootstep behind ``celery worker --with-events-step [--events-metrics-port PORT]``."""
+"""The Celery consumer bootstep behind ``celery worker --with-events-step [--events-metrics-port PORT]
+[--events-no-declare]``."""
 from __future__ import annotations
 
-__all__ = ["EventsStep", "install", "OPTION", "METRICS_OPTION"]
+__all__ = ["EventsStep", "install", "OPTION", "METRICS_OPTION", "NO_DECLARE_OPTION"]
 
 import logging
+import ssl
+import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import click
+from amqp.exceptions import AccessRefused
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
 
 from .. import registry
 from ..broker import lenient_amqp as wire_guard
+from ..broker.connections import tls_options
 from ..core.config import resolve_metrics_settings
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, TopologyMissingError
 from ..integrations import sentry
 from . import task_queues
 from .consumer import ServiceConsumer
@@ -29,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 OPTION = "--with-events-step"
 METRICS_OPTION = "--events-metrics-port"
+NO_DECLARE_OPTION = "--events-no-declare"
 
 
 class EventsStep(bootsteps.StartStopStep):
@@ -38,7 +45,7 @@ class EventsStep(bootsteps.StartStopStep):
     name = "kombu_events.worker.bootstep.EventsStep"
 
     def __init__(self, parent: Any, with_events_step: bool = False, events_metrics_port: int | None = None,
-                 **kwargs: Any) -> None:
+                 events_no_declare: bool = False, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.enabled = bool(with_events_step)
         self.consumers: list[ServiceConsumer] = []
@@ -46,7 +53,12 @@ class EventsStep(bootsteps.StartStopStep):
         self.exporter: Any = None
         if not self.enabled and events_metrics_port is not None:
             logger.warning("kombu-events: %s ignored without %s", METRICS_OPTION, OPTION)
+        if not self.enabled and events_no_declare:
+            logger.warning("kombu-events: %s ignored without %s", NO_DECLARE_OPTION, OPTION)
         if self.enabled:
+            if events_no_declare:  # before resolving: the pool's children inherit declare=False
+                for events in registry.services_of(parent.app):
+                    events.never_declare()
             # Resolving here, before the pool forks, validates every setting at start-up, and
             # forked pool processes inherit the routes ready-made.
             services = registry.resolve(parent.app)
@@ -54,10 +66,12 @@ class EventsStep(bootsteps.StartStopStep):
                 logger.warning("kombu-events: %s given but app %s registers no Events", OPTION, parent.app.main)
             task_queues.check_task_queues(parent.app, services)  # quorum events need quorum task queues
             wire_guard.install()  # a message py-amqp cannot decode must not end the worker
+            _verify_tls(parent.app)  # before Celery's consumer connects
             _retry_channel_errors(parent.app)
             self._sentry = sentry.install()  # handler errors reach Sentry once the app initialised sentry_sdk
             self.exporter = _serve_metrics(parent.app, services, events_metrics_port)
-            self.consumers = [ServiceConsumer(e) for e in services]
+            command = _declare_command(services)
+            self.consumers = [ServiceConsumer(e, declare_command=command(e)) for e in services]
 
     def include(self, parent: Any) -> bool:
         """Include the step; with it on, Celery's delayed-delivery step (built by now) follows the connection."""
@@ -73,13 +87,13 @@ class EventsStep(bootsteps.StartStopStep):
         it reconnect and start the step again, any other error stops the worker.
         """
         for consumer in self.consumers:
-            with _naming("starting", consumer):
+            with _refusing("starting", consumer):
                 consumer.start(c.connection, c.pool, c.hub, call_soon=getattr(c, "call_soon", None))
 
     def register_with_event_loop(self, c: Any, hub: Any) -> None:
         """Start receiving: the pool is ready to take work only from here on (errors as for :meth:`start`)."""
         for consumer in self.consumers:
-            with _naming("starting to consume", consumer):
+            with _refusing("starting to consume", consumer):
                 consumer.consume()
 
     def stop(self, c: Any) -> None:
@@ -105,9 +119,36 @@ def _naming(what: str, consumer: ServiceConsumer) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        logger.error("kombu-events: %s service %s failed: %s: %s", what, consumer.settings.service,
-                     type(exc).__name__, exc)
+        hint = f"; grant the permissions `{consumer.declare_command[:-len('declare')]}permissions` prints" \
+            if isinstance(exc, AccessRefused) else ""
+        logger.error("kombu-events: %s service %s failed: %s: %s%s", what, consumer.settings.service,
+                     type(exc).__name__, exc, hint)
         raise
+
+
+def _declare_command(services: list[Any]) -> Callable[[Any], str]:
+    """The command that declares a service's topology, with the worker's ``-A`` module when it has one."""
+    app = "APP"
+    argv = sys.argv
+    for i, arg in enumerate(argv):
+        if arg in ("-A", "--app") and i + 1 < len(argv):
+            app = argv[i + 1]
+        elif arg.startswith("--app="):
+            app = arg[len("--app="):]
+    several = len(services) > 1
+    return lambda events: f"kombu-events -A {app} " + (f"--service {events.service} " if several else "") + "declare"
+
+
+@contextmanager
+def _refusing(what: str, consumer: ServiceConsumer) -> Iterator[None]:
+    """As :func:`_naming`; a topology that is not there (declare=False) or a permission the broker refuses
+    stops the worker (exit 1) before it takes a message: Celery would log either with a traceback, and
+    retry a refusal (a channel error) for ever."""
+    try:
+        with _naming(what, consumer):
+            yield
+    except (TopologyMissingError, AccessRefused) as exc:
+        raise WorkerShutdown(1) from exc
 
 
 def _logged(action: Callable[[], Any], what: str, consumer: ServiceConsumer) -> None:
@@ -133,6 +174,29 @@ def _retry_channel_errors(app: Any) -> None:
         return
     app.conf[key] = True
     logger.debug("kombu-events: %s set to True (the app left it unset)", key)
+
+
+def _verify_tls(app: Any) -> None:
+    """Make the worker's own ``amqps://`` connection (Celery's) verify the broker as kombu-events' connections do.
+
+    Celery passes ``broker_use_ssl`` to kombu as it is, and py-amqp checks the broker's name only when
+    ``server_hostname`` is set: set it (and ``cert_reqs``) the way :func:`tls_options` does, in a copy.
+    """
+    conf = app.conf
+    url = conf.get("broker_read_url") or conf.get("broker_url") or ""
+    use_ssl = conf.get("broker_use_ssl")
+    if not isinstance(url, str) or ";" in url or not url.startswith(("amqps://", "pyamqps://")) \
+            or not (use_ssl is None or isinstance(use_ssl, (bool, dict))):  # unset/False: kombu's amqps sets True
+        return
+    options = tls_options(url, use_ssl)  # logs a WARNING if verification is turned off
+    given = use_ssl if isinstance(use_ssl, dict) else {}
+    if isinstance(options, dict) and options != given:
+        conf.broker_use_ssl = options
+        added = {key: value for key, value in options.items() if given.get(key) != value}
+        logger.info("kombu-events: the worker's broker connection verifies the broker: broker_use_ssl %s "
+                    "added (set them in broker_use_ssl to choose otherwise)",
+                    ", ".join(f"{key}=ssl.{value.name}" if isinstance(value, ssl.VerifyMode) else f"{key}={value!r}"
+                              for key, value in added.items()))
 
 
 def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:
@@ -162,3 +226,7 @@ def install(app: Any) -> None:
         options.add(click.Option([METRICS_OPTION], type=click.IntRange(1, 65_535), default=None,
                                  help="Serve Prometheus /metrics and /healthz on this port "
                                       "(kombu-events[prometheus]; host: kombu_events_metrics_host)."))
+    if not any(NO_DECLARE_OPTION in getattr(o, "opts", ()) for o in options):
+        options.add(click.Option([NO_DECLARE_OPTION], is_flag=True, default=False,
+                                 help="Never declare the events topology: check that `kombu-events declare` "
+                                      "created it, and refuse to start if not (the declare=False setting)."))

@@ -4,7 +4,9 @@ Glue, on the worker's event loop: :func:`~kombu_events.core.delivery.read_delive
 message, the pool runs its handler, :func:`~kombu_events.core.settlement.plan` decides, and
 :meth:`ServiceConsumer._execute` carries the plan out. A republish (retry, requeue,
 archive) is confirmed before the original is acked, so a crash in between
-duplicates, never loses.
+duplicates, never loses. A republish the broker refuses (ACCESS_REFUSED: the user lost
+*write* on a delay exchange or the archive) is no fault of the message: it is left
+unacked and its queue paused until the worker restarts, with one ERROR line.
 
 Every method that kombu, py-amqp, the pool or the hub calls logs what went wrong and
 returns: an exception escaping into Celery's event loop ends the worker. An effect
@@ -26,12 +28,13 @@ from typing import Any, Callable
 from amqp import Message
 from kombu import Consumer
 
+from ..broker import verify
 from ..broker.confirms import Confirmer
 from ..broker.declare import declare
 from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core import decision
 from ..core.delivery import Delivery, read_delivery
-from ..core.settlement import Ack, Republish, Step, plan
+from ..core.settlement import Ack, Hold, Republish, Step, plan
 from ..middleware.control import Control
 from ..registry import Route
 from . import runner
@@ -47,9 +50,11 @@ CHANNEL_CHECK_S = 5.0
 class ServiceConsumer:
     """The consumers of one :class:`~kombu_events.Events` service on a worker connection."""
 
-    def __init__(self, events: Any) -> None:
+    def __init__(self, events: Any, *, declare_command: str = "kombu-events -A APP declare") -> None:
         self.events = events
         self.settings = events.settings
+        #: What creates the topology when this worker does not declare it (``declare=False``), for its error.
+        self.declare_command = declare_command
         self.routes: tuple[Route, ...] = tuple(events.routes())  # resolving validates: bad config fails at start-up
         self.hooks = events.hooks
         self.topology = events.topology()
@@ -71,18 +76,24 @@ class ServiceConsumer:
         self._loop_ident = threading.get_ident()
         self.mailbox = Mailbox(self.settings.service)
         self._channel_check: Any = None
+        #: Refusals (ACCESS_REFUSED) logged so far: one ERROR line each.
+        self._refusals: set[str] = set()
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
 
     def start(self, connection: Any, pool: Any, hub: Any,
               call_soon: Callable[[Callable[[], Any]], Any] | None = None) -> None:
-        """Declare the topology and start consuming on fresh channels of ``connection``.
+        """Declare the topology (with ``declare=False``: check it, passively) and start consuming on fresh
+        channels of ``connection``; TopologyMissingError when a topology not declared here is not there.
 
         ``call_soon`` (Celery's ``Consumer.call_soon``) runs a callable between two reads of
         the blocking loop that workers without an event loop (gevent, eventlet) run.
         """
         self._close_channels()
-        declare(self.topology, connection)
+        if self.settings.declare:
+            declare(self.topology, connection)
+        else:  # on every reconnect too: someone may have deleted a queue meanwhile
+            verify.check(self.topology, connection, command=self.declare_command)
         self._pool, self._hub, self._connection = pool, hub, connection
         self.mailbox.use_call_soon(call_soon if hub is None else None)
         self._userid = getattr(connection, "userid", None)
@@ -91,9 +102,7 @@ class ServiceConsumer:
         channel.auto_decode = False  # handlers get the body bytes as published, never a str
         channel.message_to_python = partial(_as_published, channel)
         channel.basic_qos(0, self.prefetch_count, False)
-        publish_channel = connection.channel()
-        self._confirmer = Confirmer(publish_channel, check_frame_size=True)
-        self._channels = [channel, publish_channel]
+        self._channels = [channel, self._open_publisher()]
         self._consumers = {
             r.handler.queue: Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False,
                                       auto_declare=False, on_message=partial(self._on_message, r),
@@ -172,6 +181,27 @@ class ServiceConsumer:
             if prefetch is not None:
                 channel.basic_qos(0, self.prefetch_count, False)
 
+    def _open_publisher(self) -> Any:
+        """A channel with confirms for the republishes; a refused one is replaced (see :meth:`_on_refused`)."""
+        channel = self._connection.channel()
+        self._confirmer = Confirmer(channel, check_frame_size=True, on_refused=self._on_refused)
+        return channel
+
+    def _on_refused(self, why: str) -> None:
+        """Confirmer callback: the broker refused a republish and closed the channel; say so once, open another."""
+        if why not in self._refusals:
+            self._refusals.add(why)
+            logger.error("kombu-events: %s; grant what `%spermissions` prints, then restart the worker "
+                         "(service %s: the queues whose messages it refused are paused, their messages kept)",
+                         why, self.declare_command[:-len("declare")], self.settings.service)
+        self._channels = [channel for channel in self._channels if getattr(channel, "is_open", True)]
+        self.mailbox.post(self._reopen_publisher)
+
+    def _reopen_publisher(self) -> None:
+        if self._started and self._confirmer is not None and self._confirmer.refused is not None:
+            with answer_within(self._connection, doing="opening a channel for republishing"):
+                self._channels.append(self._open_publisher())
+
     def _call(self, doing: str, fn: Callable[[], Any]) -> None:
         """A synchronous call on the worker's connection, bounded (BrokerSilent: Celery reconnects)."""
         call_within(self._connection, doing, fn)
@@ -225,7 +255,9 @@ class ServiceConsumer:
         handler = route.handler
         delivery = read_delivery(handler.queue, message.body, message.properties, message.delivery_info,
                                  received=time.monotonic())
-        outcome = screen(delivery, self.hooks)  # received hooks; unreadable, redelivered, or refused by middleware
+        # received hooks; unreadable, too large, not from its publishers, redelivered, or refused by middleware
+        outcome = screen(delivery, self.hooks, max_body_bytes=self.settings.max_body_bytes,
+                         publishers=handler.publishers, userid=self._userid)
         if outcome is not None:
             self._settle(route, delivery, message, outcome)
             return
@@ -275,7 +307,13 @@ class ServiceConsumer:
             on_ok = partial(self._ack, route, delivery, message, outcome, step)
 
             def on_fail(why: str) -> None:
-                self._execute(route, delivery, message, outcome, step.if_refused(why))
+                if confirmer.refused is not None:  # a missing permission, not this message: no fallback
+                    self.control.pause(route.handler.queue, f"{step.action} refused: {confirmer.refused}")
+                    held = Hold(f"{step.action} publish refused by the broker (a permission is missing); "
+                                "left unacked, queue paused")
+                    self._settled(route, delivery, outcome, held)
+                else:
+                    self._execute(route, delivery, message, outcome, step.if_refused(why))
 
             try:
                 confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,

@@ -58,7 +58,7 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     try:
         compression = headers.get("compression")
         if compression is not None:
-            body = decompress(body, compression)
+            body = decompress(body, compression, max_bytes=route.max_body_bytes)
         if handler.raw:
             payload = body
         else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 __all__ = ["screen", "announce"]
 
-from typing import Any, Callable
+from typing import AbstractSet, Any, Callable
 
 from .. import signals
 from ..core import decision
@@ -18,10 +18,14 @@ from ..core.settlement import Step
 from ..middleware.base import Hooks
 
 
-def screen(delivery: Delivery, hooks: Hooks) -> decision.Outcome | None:
+def screen(delivery: Delivery, hooks: Hooks, *, max_body_bytes: int | None = None,
+           publishers: AbstractSet[str] | None = None, userid: str | None = None) -> decision.Outcome | None:
     """Tell the middleware a delivery was received; its Outcome if it is settled without its handler, else None.
 
-    A header or property that cannot be read makes it undecodable; a broker
+    A header or property that cannot be read, or a body larger than ``max_body_bytes``
+    (the service's setting; here, so that it never crosses to the pool), makes it
+    undecodable; one whose ``user_id`` is not in the handler's ``publishers`` is refused
+    (``userid``, the worker's own user, republished its retries: trusted too). A broker
     redelivery goes back to its queue, counted (its last delivery ended without an
     ack, so it may keep killing its worker); otherwise the middleware may refuse it.
     """
@@ -29,9 +33,22 @@ def screen(delivery: Delivery, hooks: Hooks) -> decision.Outcome | None:
         hooks.received(delivery)
     if delivery.unreadable:
         return decision.Outcome(decision.UNDECODABLE, delivery.unreadable)
+    if max_body_bytes is not None and len(delivery.body) > max_body_bytes:
+        return decision.Outcome(decision.UNDECODABLE, f"body of {len(delivery.body)} bytes is larger than "
+                                                      f"max_body_bytes={max_body_bytes}")
+    if publishers is not None:
+        user_id = delivery.properties.get("user_id")
+        if user_id is None or (user_id not in publishers and user_id != userid):
+            return decision.Outcome(decision.REFUSED, f"published by {_user(user_id)}, not one of the handler's "
+                                                      f"publishers ({', '.join(sorted(publishers))})")
     if delivery.redelivered:
         return decision.Outcome(decision.REDELIVERED, "redelivered after an unacknowledged delivery")
     return hooks.before_dispatch(delivery) if hooks.on_before_dispatch else None
+
+
+def _user(user_id: Any) -> str:
+    """Who published, for a reason: the RabbitMQ user, or that it did not say."""
+    return "a publisher that set no user_id" if user_id is None else f"user_id {str(user_id)[:100]!r}"
 
 
 def announce(sender: Callable[..., Any], hooks: Hooks, delivery: Delivery, outcome: decision.Outcome,

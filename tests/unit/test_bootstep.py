@@ -87,3 +87,60 @@ def test_channel_errors_are_retried_unless_the_app_chose(setup, expected):
     app.conf.broker_url
     _retry_channel_errors(app)
     assert app.conf.broker_channel_error_retry is expected
+
+
+def _tls_app(url: str, use_ssl=None) -> celery.Celery:
+    app = celery.Celery("proj", broker=url, set_as_current=False)
+    if use_ssl is not None:
+        app.conf.broker_use_ssl = use_ssl
+    return app
+
+
+def test_the_workers_own_amqps_connection_checks_the_brokers_name_by_default(caplog):
+    import ssl
+
+    from kombu_events.worker.bootstep import _verify_tls
+
+    given = {"ca_certs": "/etc/tls/ca.pem"}
+    app = _tls_app("amqps://u:secret@rabbit.example.com:5671/v", given)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        _verify_tls(app)
+    assert app.conf.broker_use_ssl == {"ca_certs": "/etc/tls/ca.pem", "cert_reqs": ssl.CERT_REQUIRED,
+                                       "server_hostname": "rabbit.example.com"}
+    assert given == {"ca_certs": "/etc/tls/ca.pem"}  # a copy: the app's own dict is left alone
+    [line] = [r.getMessage() for r in caplog.records if r.name == LOGGER]
+    assert "cert_reqs=ssl.CERT_REQUIRED, server_hostname='rabbit.example.com' added" in line and "secret" not in line
+    for use_ssl in (True, None, False):  # None: Celery's default (False); kombu's amqps:// turns it on
+        app = _tls_app("amqps://rabbit.example.com//", use_ssl)
+        _verify_tls(app)
+        assert app.conf.broker_use_ssl["server_hostname"] == "rabbit.example.com"
+
+
+@pytest.mark.parametrize(("url", "use_ssl"), [
+    ("amqps://rabbit.example.com//", {"server_hostname": "rabbit", "cert_reqs": 2}),  # the user chose
+    ("amqp://rabbit.example.com//", None),  # plain AMQP
+    ("amqp://rabbit.example.com//", {"ca_certs": "ca.pem"}),  # not amqps://: left as the user wrote it
+    ("amqps://a.example.com//;amqps://b.example.com//", {"ca_certs": "ca.pem"}),  # fail-over: no one name
+])
+def test_the_workers_own_connection_is_left_alone_when_chosen_or_not_single_amqps(url, use_ssl, caplog):
+    from kombu_events.worker.bootstep import _verify_tls
+
+    app = _tls_app(url, use_ssl)
+    before = app.conf.broker_use_ssl
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        _verify_tls(app)
+    assert app.conf.broker_use_ssl == before and not caplog.records
+
+
+def test_verification_turned_off_on_the_workers_connection_is_kept_and_warned(caplog):
+    import ssl
+
+    from kombu_events.worker.bootstep import _verify_tls
+
+    app = _tls_app("amqps://unverified-worker.example.com//", {"cert_reqs": ssl.CERT_NONE})
+    with caplog.at_level(logging.INFO):
+        _verify_tls(app)
+    assert app.conf.broker_use_ssl == {"cert_reqs": ssl.CERT_NONE}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "does not verify the broker's certificate" in warnings[0], warnings
+    assert not [r for r in caplog.records if r.name == LOGGER]

@@ -42,6 +42,7 @@ SCHEMAS = {
     ("publish",): ["publish"],
     ("backlog", "status"): ["backlog-status"],
     ("backlog", "flush"): ["backlog-flush"],
+    ("permissions",): ["permissions"],
 }
 
 #: Commands whose output is a document of a standard of its own, not a kombu-events report: no --json.

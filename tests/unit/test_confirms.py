@@ -292,3 +292,55 @@ def test_fail_all_inside_a_callback_fails_the_rest_once(channel, confirmer):
     assert outcomes.settled == {0: ["ok"], 1: ["ok"], 2: ["connection lost"]}
     channel.ack(3)
     assert outcomes.settled[2] == ["connection lost"] and confirmer.pending == 0
+
+
+class ClosingChannel(FakeChannel):
+    """A FakeChannel with py-amqp's per-channel method handlers, which the broker's Channel.Close reaches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reopened: list[tuple] = []
+        self._callbacks = {spec.Channel.Close: lambda *args: self.reopened.append(args)}
+        self.sent: list[tuple] = []
+        self.collected = False
+
+    def send_method(self, method, signature=None, args=None, content=None):
+        if method == spec.Basic.Publish:
+            return super().send_method(method, signature, args, content)
+        self.sent.append(method)
+
+    def collect(self) -> None:
+        self.collected = True
+
+    def close_by_broker(self, code: int, text: str, method_sig=(60, 40)) -> None:
+        self._callbacks[spec.Channel.Close](code, text, *method_sig)
+
+
+REFUSED = "ACCESS_REFUSED - access to exchange 'shop.delay.3' in vhost 'shop' refused for user 'shop'"
+
+
+def test_access_refused_fails_every_pending_publish_once_and_closes_the_channel_for_good():
+    channel, outcomes, refusals = ClosingChannel(), Outcomes(), []
+    confirmer = Confirmer(channel, on_refused=refusals.append)
+    for index in range(2):
+        _publish(confirmer, outcomes, index, exchange="shop.delay.3", message_id=f"m{index}")
+    channel.close_by_broker(403, REFUSED)
+    why = "RabbitMQ refused write to exchange 'shop.delay.3' for user 'shop' (ACCESS_REFUSED)"
+    assert confirmer.refused == why and refusals == [why]
+    assert outcomes.settled == {0: [why], 1: [why]} and confirmer.pending == 0
+    assert channel.sent == [spec.Channel.CloseOk] and channel.collected and not channel.reopened
+    channel.ack(2, multiple=True)  # a late confirm settles nothing more
+    assert outcomes.settled == {0: [why], 1: [why]}
+
+
+def test_other_channel_closes_and_a_confirmer_without_on_refused_keep_py_amqps_handling():
+    channel, outcomes = ClosingChannel(), Outcomes()
+    confirmer = Confirmer(channel, on_refused=lambda why: None)
+    _publish(confirmer, outcomes, 0)
+    channel.close_by_broker(404, "NOT_FOUND - no exchange 'ex'")
+    assert channel.reopened == [(404, "NOT_FOUND - no exchange 'ex'", 60, 40)] and confirmer.refused is None
+    assert not outcomes.settled and confirmer.pending == 1
+    plain = ClosingChannel()
+    Confirmer(plain)
+    plain.close_by_broker(403, REFUSED)
+    assert len(plain.reopened) == 1 and not plain.collected

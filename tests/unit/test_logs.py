@@ -90,3 +90,20 @@ def test_each_outcome_is_logged_at_its_level(caplog, outcome, level):
     assert (record.levelno, record.levelname) == (level, logging.getLevelName(level))
     assert record.getMessage().startswith(f"event outcome={outcome} queue=billing.audit ")
     assert record.kombu_events["outcome"] == outcome
+
+
+@pytest.mark.parametrize(("reply_text", "method_sig", "expected"), [
+    ("ACCESS_REFUSED - access to exchange 'shop.delay.3' in vhost 'shop' refused for user 'shop'", (60, 40),
+     "RabbitMQ refused write to exchange 'shop.delay.3' for user 'shop' (ACCESS_REFUSED)"),
+    ("ACCESS_REFUSED - access to queue 'shop.audit' in vhost '/' refused for user 'run'", (60, 20),
+     "RabbitMQ refused read from queue 'shop.audit' for user 'run' (ACCESS_REFUSED)"),
+    ("ACCESS_REFUSED - access to queue 'q' in vhost '/' refused for user 'run'", (50, 10),
+     "RabbitMQ refused configure queue 'q' for user 'run' (ACCESS_REFUSED)"),
+    ("ACCESS_REFUSED - access to exchange 'x' in vhost '/' refused for user 'u'", None,
+     "RabbitMQ refused access to exchange 'x' for user 'u' (ACCESS_REFUSED)"),
+    ("ACCESS_REFUSED - something else", (60, 40), "RabbitMQ refused access (ACCESS_REFUSED - something else)"),
+])
+def test_a_refusal_names_the_permission_the_resource_and_the_user(reply_text, method_sig, expected):
+    from kombu_events.core.logs import refusal_text
+
+    assert refusal_text(reply_text, method_sig) == expected

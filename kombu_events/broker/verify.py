@@ -1,0 +1,94 @@
+"""Check, without declaring, that a topology is on the broker: what a worker with ``declare=False`` does.
+
+Passive declares need no permission at all, so a runtime user without *configure*
+can run them; they say whether an exchange or queue exists, never whether its
+arguments match. Those are compared through the management API when it answers
+with the same credentials (a user tagged ``monitoring`` or ``management``), and
+trusted otherwise.
+"""
+from __future__ import annotations
+
+__all__ = ["missing", "differences", "check"]
+
+import base64
+import json
+import logging
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from ..core.topology import Topology
+from ..errors import TopologyMissingError
+from .declare import absent_exchanges, peek_queues
+
+logger = logging.getLogger(__name__)
+
+#: How long the management API may take to answer (the worker is starting, before its event loop).
+MANAGEMENT_TIMEOUT_S = 3.0
+
+
+def missing(topology: Topology, connection: Any) -> list[str]:
+    """``exchange 'X'`` / ``queue 'Q'`` for each entity of ``topology`` the broker lacks (passive declares)."""
+    found = [f"exchange {name!r}" for name in absent_exchanges(connection, topology.exchanges)]
+    counts = peek_queues(connection, [queue.name for queue in topology.queues])
+    return found + [f"queue {name!r}" for name, count in counts.items() if count is None]
+
+
+def differences(topology: Topology, listed: dict[str, dict[str, Any]]) -> list[str]:
+    """What differs between ``topology`` and the broker's entities ``listed`` by the management API
+    (``{"queue Q": {...}, "exchange X": {...}}``, as :func:`_listing` reads them); pure."""
+    found = []
+    for exchange in topology.exchanges:
+        entity = listed.get(f"exchange {exchange.name}")
+        if entity is None:
+            continue
+        if entity.get("type") != exchange.type:
+            found.append(f"exchange {exchange.name!r} is of type {entity.get('type')!r}, not {exchange.type!r}")
+        found += _arguments(f"exchange {exchange.name!r}", getattr(exchange, "arguments", None) or {},
+                            entity.get("arguments") or {})
+    for queue in topology.queues:
+        entity = listed.get(f"queue {queue.name}")
+        if entity is not None:
+            found += _arguments(f"queue {queue.name!r}", getattr(queue, "queue_arguments", None) or {},
+                                entity.get("arguments") or {})
+    return found
+
+
+def _arguments(what: str, expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    return [f"{what} has {key}={actual.get(key)!r}, the code declares {expected.get(key)!r}"
+            for key in sorted(set(expected) | set(actual)) if expected.get(key) != actual.get(key)]
+
+
+def check(topology: Topology, connection: Any, *, command: str, management_url: str | None = None) -> None:
+    """Raise TopologyMissingError, naming every missing or different entity and ``command``, unless the
+    broker holds ``topology``; the management API's view is compared when it answers."""
+    problems = missing(topology, connection)
+    listed = _listing(connection, management_url)
+    if listed is not None:
+        problems += differences(topology, listed)
+    if problems:
+        raise TopologyMissingError(
+            f"service {topology.settings.service} does not declare its topology (declare=False) and the broker "
+            f"differs: {'; '.join(problems)}. Create or align it with `{command}` (as a user with configure "
+            "permission), then start the worker again")
+    logger.info("kombu-events: service %s: topology checked without declaring (%d exchanges, %d queues%s)",
+                topology.settings.service, len(topology.exchanges), len(topology.queues),
+                "" if listed is not None else "; arguments not compared: management API not usable")
+
+
+def _listing(connection: Any, management_url: str | None) -> dict[str, dict[str, Any]] | None:
+    """Every queue and exchange of the connection's vhost from the management API, None if it does not answer."""
+    base = (management_url or f"http://{connection.hostname}:15672").rstrip("/")
+    vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
+    token = base64.b64encode(f"{connection.userid}:{connection.password}".encode()).decode()
+    listed: dict[str, dict[str, Any]] = {}
+    try:
+        for kind in ("queue", "exchange"):
+            url = f"{base}/api/{kind}s/{vhost}?columns=name,type,arguments"
+            request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+            with urllib.request.urlopen(request, timeout=MANAGEMENT_TIMEOUT_S) as response:
+                listed.update({f"{kind} {entry['name']}": entry for entry in json.load(response)})
+    except Exception as exc:  # no plugin, not reachable, or a user without a management tag
+        logger.debug("kombu-events: management API %s not usable: %s", base, exc)
+        return None
+    return listed
