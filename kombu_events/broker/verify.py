@@ -3,8 +3,8 @@
 Passive declares need no permission at all, so a runtime user without *configure*
 can run them; they say whether an exchange or queue exists, never whether its
 arguments match. Those are compared through the management API when it answers
-with the same credentials (a user tagged ``monitoring`` or ``management``), and
-trusted otherwise.
+with the same credentials (a user tagged ``monitoring`` or ``management``; never in
+plain HTTP for a TLS connection), and trusted otherwise.
 """
 from __future__ import annotations
 
@@ -77,7 +77,14 @@ def check(topology: Topology, connection: Any, *, command: str, management_url: 
 
 
 def _listing(connection: Any, management_url: str | None) -> dict[str, dict[str, Any]] | None:
-    """Every queue and exchange of the connection's vhost from the management API, None if it does not answer."""
+    """Every queue and exchange of the connection's vhost from the management API, None if it does not answer.
+
+    Never over a TLS connection unless ``management_url`` names the API: the default is plain HTTP on port
+    15672, and the worker's credentials must not cross the network in the clear when its AMQP does not.
+    """
+    if management_url is None and getattr(connection, "ssl", None):
+        logger.debug("kombu-events: management API not asked: the broker connection is TLS and no URL was given")
+        return None
     base = (management_url or f"http://{connection.hostname}:15672").rstrip("/")
     vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
     token = base64.b64encode(f"{connection.userid}:{connection.password}".encode()).decode()

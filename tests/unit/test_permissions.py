@@ -137,3 +137,18 @@ def test_never_declare_wins_over_the_settings():
     assert events.settings.declare is True
     events.never_declare()
     assert events.settings.declare is False
+
+
+def test_the_management_api_is_never_asked_in_plain_http_for_a_tls_connection(monkeypatch):
+    from types import SimpleNamespace
+
+    from kombu_events.broker import verify
+
+    asked: list[str] = []
+    monkeypatch.setattr(verify.urllib.request, "urlopen", lambda request, timeout: asked.append(request.full_url))
+    tls = SimpleNamespace(ssl={"cert_reqs": 2}, hostname="broker.example", virtual_host="/", userid="svc",
+                          password="secret")
+    assert verify._listing(tls, None) is None and asked == []
+    plain = SimpleNamespace(ssl=False, hostname="127.0.0.1", virtual_host="/", userid="svc", password="secret")
+    verify._listing(plain, None)  # the fake urlopen answers nothing usable: None, but it was asked
+    assert asked == ["http://127.0.0.1:15672/api/queues/%2F?columns=name,type,arguments"]
