@@ -122,7 +122,7 @@ def outgoing(payload: Any) -> Any:
     kind = type(payload)
     if kind in (dict, list, str, int, float, bool, type(None)):
         return payload
-    if not (dataclasses.is_dataclass(payload) or hasattr(kind, "__pydantic_fields__")):
+    if not (dataclasses.is_dataclass(payload) or hasattr(kind, "__pydantic_core_schema__")):  # a model, 2.0 on
         return payload  # json.dumps says what it cannot serialise
     adapter = _ADAPTERS.get(kind)
     if adapter is None:

@@ -33,6 +33,8 @@ class Schemas:
         names = {name: self._name(name, defs) for name in sorted(defs)}
         for name in sorted(defs):
             self.found.setdefault(names[name], draft07(defs[name], names))
+        if set(body) == {"allOf"} and len(body["allOf"]) == 1 and set(body["allOf"][0]) == {"$ref"}:
+            body = body["allOf"][0]  # how older pydantic (2.4) refers to a recursive model
         ref = body.get("$ref", "")
         if set(body) == {"$ref"} and ref.startswith(_DEFS):  # pydantic's way for a recursive model
             return {"$ref": _SCHEMAS + names[ref[len(_DEFS):]]}
