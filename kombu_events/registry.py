@@ -11,9 +11,10 @@ __all__ = ["Route", "register", "services_of", "resolve", "route", "reset", "ser
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property, partial
+from typing import Any, Callable
 
-from .core.codec import MAX_BODY_BYTES
+from .core.codec import MAX_BODY_BYTES, decode
 from .core.handlers import Handler
 from .middleware.base import Hooks
 
@@ -30,6 +31,11 @@ class Route:
     hooks: Hooks = field(default_factory=Hooks)
     #: The service's ``max_body_bytes``: a compressed body is inflated up to this size, no further.
     max_body_bytes: int = MAX_BODY_BYTES
+
+    @cached_property
+    def decode(self) -> Callable[[bytes, str | None, str | None], Any]:
+        """``decode(body, content_type, content_encoding)`` with this route's accepted types, made once."""
+        return partial(decode, accept=self.accept)
 
 
 #: Every ``Events`` created in this process, in creation order.

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .. import registry, signals
 from ..core import decision
-from ..core.codec import decode, decompress
+from ..core.codec import decompress
 from ..core.envelopes import Envelope, unwrap
 from ..core.event import Event
 from ..errors import Archive, DecodeError, InvalidPayload
@@ -63,7 +63,7 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
             payload = body
         else:
             payload, envelope = unwrap(body, content_type, content_encoding, headers, properties,
-                                       partial(_decode, accept=route.accept))
+                                       route.decode)
     except DecodeError as exc:
         return decision.Outcome(decision.UNDECODABLE, str(exc), f"{type(exc).__name__}: {exc}")
     if handler.message_type is not None and not _of_type(handler.message_type, envelope, properties):
@@ -102,10 +102,6 @@ def _run(route: Route, queue: str, body: bytes, content_type: str | None, conten
     if signals.handler_succeeded.receivers:
         signals.handler_succeeded.send(sender=handler.fn, event=event, duration_ms=duration_ms)
     return decision.Outcome(decision.OK, duration_ms=duration_ms)
-
-
-def _decode(body: bytes, content_type: str | None, content_encoding: str | None, *, accept: frozenset[str]) -> Any:
-    return decode(body, content_type, content_encoding, accept)
 
 
 def _of_type(wanted: str, envelope: Envelope | None, properties: dict[str, Any]) -> bool:

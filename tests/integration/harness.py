@@ -12,8 +12,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from urllib.parse import quote, unquote, urlsplit
 
 from kombu import Connection
@@ -345,3 +346,35 @@ def http_get(port: int, path: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError as exc:
         return 0, str(exc)
+
+
+def ctl(*args: str) -> subprocess.CompletedProcess:
+    """``rabbitmqctl -q ARGS`` on the shared node; raises CalledProcessError if it fails."""
+    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, check=True)
+
+
+@contextmanager
+def own_vhost(prefix: str, **users: str) -> Iterator[dict[str, str]]:
+    """A vhost of the test's own, guest admin on it, and ``users`` (role -> name prefix) with no permissions,
+    each with the password ``password``; deleted after. Without rabbitmqctl the test skips, and fails under
+    CI=true (a least-privilege test must never silently not run)."""
+    tag = uuid.uuid4().hex[:8]
+    found = {"name": f"{prefix}-{tag}", "password": f"secret-{tag}",
+             **{role: f"{name}-{tag}" for role, name in users.items()}}
+    try:
+        ctl("add_vhost", found["name"])
+    except (OSError, subprocess.CalledProcessError) as exc:
+        import pytest
+
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"rabbitmqctl cannot create a vhost (CI=true: must not skip): {exc}")
+        pytest.skip(f"rabbitmqctl cannot create a vhost: {exc}")
+    try:
+        ctl("set_permissions", "-p", found["name"], "guest", ".*", ".*", ".*")
+        for role in users:
+            ctl("add_user", found[role], found["password"])
+        yield found
+    finally:
+        for role in users:
+            subprocess.run(["rabbitmqctl", "-q", "delete_user", found[role]], capture_output=True)
+        ctl("delete_vhost", found["name"])

@@ -13,14 +13,13 @@ Every message is counted before and after (rabbitmqctl): none lost, none handled
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 import uuid
 
 import pytest
 
-from .harness import Project, queue_counts, run_cli, wait_for
-from .test_least_privilege import apply, ctl, runtime_line, url
+from .harness import Project, ctl, own_vhost, queue_counts, run_cli, wait_for
+from .test_least_privilege import apply, runtime_line, url
 
 BODY = """
 events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_levels=3, delay_unit_ms=100, max_retries=2)
@@ -53,19 +52,8 @@ def sink(payload):
 @pytest.fixture
 def vhost(broker_url):
     """A vhost with a runtime user (no permissions yet); guest declares and inspects. Deleted after."""
-    tag = uuid.uuid4().hex[:8]
-    name, runtime = f"kev-ar-{tag}", f"kev-ar-run-{tag}"
-    try:
-        ctl("add_vhost", name)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"rabbitmqctl cannot create a vhost: {exc}")
-    try:
-        ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-        ctl("add_user", runtime, "secret-" + tag)
-        yield {"name": name, "runtime": runtime, "password": "secret-" + tag}
-    finally:
-        subprocess.run(["rabbitmqctl", "-q", "delete_user", runtime], capture_output=True)
-        ctl("delete_vhost", name)
+    with own_vhost("kev-ar", runtime="kev-ar-run") as found:
+        yield found
 
 
 def without(regex: str, name: str) -> str:
