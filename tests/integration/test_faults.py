@@ -145,6 +145,7 @@ def rabbitmqctl(*args):
     subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
 
 
+@pytest.mark.serial  # stops the shared node: nothing else may run meanwhile
 def test_broker_restart_mid_run_loses_nothing(tmp_path, broker_url):
     project = make_project(tmp_path, broker_url)
     try:
