@@ -1,6 +1,7 @@
 """The scenarios: each run publishes, measures one consumer or publisher, checks counts, deletes what it declared."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import socket
@@ -207,15 +208,18 @@ def celery_tasks(pool: str, concurrency: int) -> Callable[[Context], Run]:
 
 def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int = 1,
                     tracing: float = 0, metrics: bool = False, prefetch: int | None = None,
-                    fields: int = 1) -> Callable[[Context], Run]:
+                    fields: int = 1, share: float = 1.0) -> Callable[[Context], Run]:
     """kombu-events: handlers under ``celery worker --with-events-step``.
 
     ``tracing``: with TracingMiddleware sampling that share of traces (0: none, 1: all); ``metrics``: the
     worker serves Prometheus metrics (``--events-metrics-port``); ``prefetch``: the service's
     ``prefetch_count`` (per handler queue; default: the library's, see config.auto_prefetch);
-    ``fields``: 1 for ``{"i": i}`` payloads, 5 for ``broker.order_payload`` (what mode ``typed`` validates).
+    ``fields``: 1 for ``{"i": i}`` payloads, 5 for ``broker.order_payload`` (what mode ``typed`` validates);
+    ``share``: of ``-n`` messages (the ``await``/``sleep`` rows wait 50 ms a message: a tenth).
     """
     def run(ctx: Context) -> Run:
+        if share != 1.0:
+            ctx = dataclasses.replace(ctx, n=max(1, int(ctx.n * share)))
         suffix = (f"-traced{tracing:g}" if tracing else "") + ("-metrics" if metrics else "")
         suffix += f"-p{prefetch}" if prefetch is not None else ""
         suffix += f"-{fields}f" if fields != 1 else ""

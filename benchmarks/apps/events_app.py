@@ -5,7 +5,9 @@ publishes to it. Handler ``h<k>`` consumes ``<service>.h<k>``, bound to ``bench.
 Modes: ``noop`` (count and return), ``latency`` (also record publish -> start),
 ``fail_once`` (raise on the first attempt), ``wait`` (first attempt: ``Retry(delay=KEB_WAIT_S)``),
 ``typed`` (a no-op whose parameter is annotated with a 5-field pydantic model, :mod:`benchmarks.apps.orders`:
-the worker validates each payload into an instance; needs pydantic 2 and a ``kombu_events`` with contracts).
+the worker validates each payload into an instance; needs pydantic 2 and a ``kombu_events`` with contracts),
+``await`` (an ``async def`` handler awaiting ``asyncio.sleep(KEB_AWAIT_MS)``: needs a ``kombu_events`` that
+awaits them) and ``sleep`` (a sync handler in ``time.sleep(KEB_AWAIT_MS)``: I/O under gevent).
 ``KEB_TRACING=1`` adds :class:`~kombu_events.tracing.TracingMiddleware` (needs ``opentelemetry-sdk``);
 ``KEB_TRACING=0.1`` samples 10 % of traces.
 Imports only names every version of the package has at its top level (``python -m benchmarks.compare``
@@ -14,8 +16,10 @@ start if that is not from ``KEB_TREE`` when set (see ``procs.Consumer``).
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
+import time
 from typing import Any, Callable
 
 from celery import Celery
@@ -27,6 +31,8 @@ from kombu_events import Constant, Events, Middleware, Retry
 #: Delay unit and retry delay of ``fail_once``: short, so the run measures the ladder's
 #: round trip (republish, confirm, ack, dead-letter back) rather than a wait.
 FAIL_ONCE_UNIT_MS = 10
+#: How long the ``await`` and ``sleep`` handlers wait (an I/O call).
+AWAIT_S = float(os.environ.get("KEB_AWAIT_MS", "50")) / 1000
 
 
 def routing_key(k: int) -> str:
@@ -67,7 +73,17 @@ def _handler(mode: str, wait_s: float) -> tuple[Callable[..., Any], dict[str, An
     if mode == "typed":
         from benchmarks.apps.orders import typed5  # pydantic: only in this mode (older trees run the others)
         return typed5, {}
-    raise ValueError(f"unknown mode {mode!r}; use noop, latency, fail_once, wait or typed")
+    if mode == "await":
+        async def awaits(payload):
+            await asyncio.sleep(AWAIT_S)
+            probe.handled(payload["i"])
+        return awaits, {}
+    if mode == "sleep":
+        def sleeps(payload):
+            time.sleep(AWAIT_S)  # gevent: patched, so it waits cooperatively
+            probe.handled(payload["i"])
+        return sleeps, {}
+    raise ValueError(f"unknown mode {mode!r}; use noop, latency, fail_once, wait, typed, await or sleep")
 
 
 def _tracing(ratio: float) -> Middleware:

@@ -39,10 +39,14 @@ LIMITS = {
     "traceback_limit": (0, 60_000),
     "quorum_initial_group_size": (1, 999),
     "max_body_bytes": (1, 2**31 - 1),
+    "async_concurrency": (1, 10_000),
+    "inbox_retention_ms": (0, 2**53),
+    "outbox_poll_interval_ms": (1, 3_600_000),
+    "outbox_batch_size": (1, 10_000),
 }
 
 #: Integer settings that may be left unset (None): the library then picks (see auto_prefetch).
-UNSET_ALLOWED = frozenset({"prefetch_count"})
+UNSET_ALLOWED = frozenset({"prefetch_count", "inbox_retention_ms"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,14 @@ class Settings:
     django_connections: str = "close"
     circuit_breaker: CircuitBreaker | None = None  # every handler's, unless it says otherwise; off by default
     declare: bool = True  # False: workers only check the topology `kombu-events declare` created (no configure)
+    #: ``async def`` handlers awaited at once per pool process (or thread), on its asyncio loop.
+    async_concurrency: int = 100
+    #: Inbox rows older than this are pruned by the worker (None: the archive's TTL; 0: never). effectively-once.md
+    inbox_retention_ms: int | None = None
+    #: How often the outbox relay looks for committed rows when the last pass found fewer than a batch.
+    outbox_poll_interval_ms: int = 200
+    #: Outbox rows one relay pass claims, publishes (pipelined confirms) and deletes in one transaction.
+    outbox_batch_size: int = 100
 
     def __post_init__(self) -> None:
         names.validate_name("service", self.service, max_bytes=200)

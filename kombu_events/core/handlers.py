@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["Handler", "HandlerSpec", "validate_binding_key", "check_runnable", "circuit_breaker_of", "check_prefetch",
-           "handler_argument", "handler_options", "check_publishers"]
+           "handler_argument", "handler_options", "check_publishers", "check_once", "awaits"]
 
 import functools
 import inspect
@@ -47,6 +47,9 @@ class Handler:
     message_type: str | None = None
     #: RabbitMQ users whose events it runs for (the ``user_id`` property); others are archived. None: anyone's.
     publishers: frozenset[str] | None = None
+    #: Effectively once (docs/effectively-once.md): False, True (keyed by message id, else a hash of routing
+    #: key and body), or a callable ``(event) -> str`` giving the key. Needs ``Events(database=...)``.
+    once: bool | Callable[[Any], str] = False
 
 
 def validate_binding_key(key: object) -> str:
@@ -63,14 +66,15 @@ def validate_binding_key(key: object) -> str:
     return key
 
 
-def check_runnable(fn: object, *, role: str, argument: str, parameter: str) -> None:
+def check_runnable(fn: object, *, role: str, argument: str, parameter: str, awaited: bool = False) -> None:
     """Raise ConfigurationError unless calling ``fn`` with one argument runs its body.
 
-    The worker calls a handler and acks once the call returns: a coroutine or generator
-    function would return without running its body, a class would only be constructed,
-    and a function that cannot take one positional argument would fail on every event.
-    ``role`` names what is registered ("handler"), ``argument`` what the worker passes
-    ("the event's payload") and ``parameter`` the name suggested for it ("payload").
+    The worker calls a handler and acks once the call returns: a generator function
+    would return without running its body (so would a coroutine function, unless
+    ``awaited``: the worker awaits what handlers return, :func:`awaits`), a class would
+    only be constructed, and a function that cannot take one positional argument would
+    fail on every event. ``role`` names what is registered ("handler"), ``argument`` what
+    the worker passes ("the event's payload") and ``parameter`` the name suggested for it ("payload").
     """
     if not callable(fn):
         raise ConfigurationError(f"{role} {_describe(fn)} is not callable: register a function that takes "
@@ -79,7 +83,7 @@ def check_runnable(fn: object, *, role: str, argument: str, parameter: str) -> N
         raise ConfigurationError(
             f"{role} {_describe(fn)} is a class: calling it would only construct an instance (and the event "
             f"would count as handled); register a function, or an instance whose __call__ takes {argument}")
-    unrunnable = _unrunnable(fn)
+    unrunnable = _unrunnable(fn, awaited=awaited)
     if unrunnable is not None:
         raise ConfigurationError(f"{role} {_describe(fn)} {unrunnable}")
     try:
@@ -98,7 +102,7 @@ def check_runnable(fn: object, *, role: str, argument: str, parameter: str) -> N
 #: What calling a function of each kind returns instead of running its body, and what to do instead.
 _NOT_RUN: tuple[tuple[Callable[[object], bool], str, str], ...] = (
     (inspect.iscoroutinefunction, "an async def function",
-     ("kombu-events cannot await it yet, so its body would never run; define it with def, "
+     ("kombu-events awaits async def handlers, not this, so its body would never run; define it with def, "
       "or run the coroutine with asyncio.run inside it")),
     (inspect.isasyncgenfunction, "an async generator function",
      "calling it only creates an async generator, so its body would never run; define it with def, without yield"),
@@ -107,19 +111,39 @@ _NOT_RUN: tuple[tuple[Callable[[object], bool], str, str], ...] = (
 )
 
 
-def _unrunnable(fn: Callable[..., Any]) -> str | None:
+def _unrunnable(fn: Callable[..., Any], *, awaited: bool = False) -> str | None:
     """Why calling ``fn`` would not run its body (the sentence after its name), or None."""
+    for candidate, how in _what_runs(fn):
+        for test, kind, why in _NOT_RUN[awaited:]:  # awaited: a coroutine function (the first) runs
+            if test(candidate):
+                return f"{how} {kind}: {why}"
+    return None
+
+
+def _what_runs(fn: Callable[..., Any]) -> list[tuple[Any, str]]:
+    """What calling ``fn`` runs: the function a partial wraps, and an object's ``__call__`` (with how to say so)."""
     target, via = fn, "is"
     while isinstance(target, functools.partial):
         target, via = target.func, "is a functools.partial of"
     candidates = [(target, via)]
-    if not inspect.isroutine(target):  # an object (a class was refused before): what runs is its __call__
+    if not inspect.isroutine(target) and not isinstance(target, type):  # an object: what runs is its __call__
         candidates.append((type(target).__call__, f"{via} an object whose __call__ is"))
-    for candidate, how in candidates:
-        for test, kind, why in _NOT_RUN:
-            if test(candidate):
-                return f"{how} {kind}: {why}"
-    return None
+    return candidates
+
+
+def awaits(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` returns a coroutine for the worker to await: an ``async def`` function, a
+    partial of one, or an object whose ``__call__`` is one (the worker awaits it on its event loop)."""
+    return any(inspect.iscoroutinefunction(candidate) for candidate, _ in _what_runs(fn))
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` (a function, a partial of one, or an object) returns a coroutine."""
+    target: Any = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    call = target if inspect.isroutine(target) else type(target).__call__
+    return inspect.iscoroutinefunction(call)
 
 
 def _describe(fn: object) -> str:
@@ -175,11 +199,20 @@ def check_publishers(value: Any) -> frozenset[str] | None:
     return frozenset(value)
 
 
+def check_once(value: Any) -> bool | Callable[[Any], str]:
+    """A handler's ``once``: True, False, or a callable ``(event) -> str`` giving the dedup key (else
+    ConfigurationError)."""
+    if isinstance(value, bool) or (callable(value) and not isinstance(value, type)):
+        return value
+    raise ConfigurationError(f"once must be True, False or a function (event) -> str giving the event's dedup key, "
+                             f"got {value!r}")
+
+
 def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: str | None,
                     max_retries: int | None, backoff: Backoff | None, retry_for: Any, dont_retry: Any, bind: bool,
                     raw: bool, circuit_breaker: CircuitBreaker | Literal[False] | None, prefetch: int | None,
                     single_active_consumer: bool, message_type: str | None = None, publishers: Any = None,
-                    ) -> tuple[tuple[str, ...], dict[str, Any]]:
+                    once: Any = False) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options).
 
     With ``type=`` and no binding key the queue is bound with ``#``: the type picks the events.
@@ -198,7 +231,7 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
         "dont_retry": exception_classes("dont_retry", dont_retry),
         "circuit_breaker": circuit_breaker_of(f"handler({', '.join(map(repr, keys))})", circuit_breaker, None),
         "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
-        "message_type": message_type, "publishers": check_publishers(publishers),
+        "message_type": message_type, "publishers": check_publishers(publishers), "once": check_once(once),
     }
     if circuit_breaker is None:
         del options["circuit_breaker"]  # the service's default, read with the settings
@@ -220,12 +253,17 @@ class HandlerSpec:
     def of(cls, fn: Callable[..., Any], binding_keys: tuple[str, ...], options: dict[str, Any]) -> HandlerSpec:
         """``fn`` registered with ``options``, refused now if the worker could not run it.
 
-        The worker acks once the call returns, run or not: an ``async def`` or generator
-        function, a class, or one that cannot take the argument is refused at import time;
+        The worker acks once the call returns (an ``async def`` handler: once it is awaited),
+        run or not: a generator function, a class, or one that cannot take the argument is refused at import time;
         so is an annotation pydantic cannot validate (or any, without pydantic).
         """
         argument, parameter = handler_argument(bind=options["bind"], raw=options["raw"])
-        check_runnable(fn, role="handler", argument=argument, parameter=parameter)
+        if options.get("once") and _is_async(fn):
+            raise ConfigurationError(
+                f"handler {_describe(fn)} is an async def function with once=True: the inbox runs the handler "
+                "inside a database transaction of the worker's pool thread, which an async handler would leave; "
+                "define it with def, or drop once=True")
+        check_runnable(fn, role="handler", argument=argument, parameter=parameter, awaited=True)
         if options["name"] is None and not isinstance(getattr(fn, "__name__", None), str):
             raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
         contract = contract_for(fn, bind=options["bind"], raw=options["raw"], where=f"handler {_describe(fn)}")
@@ -258,7 +296,8 @@ class HandlerSpec:
                        dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"],
                        circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
                        single_active_consumer=o["single_active_consumer"], contract=self.contract,
-                       message_type=o.get("message_type"), publishers=o.get("publishers"))
+                       message_type=o.get("message_type"), publishers=o.get("publishers"),
+                       once=o.get("once", False))
 
 
 def handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:

@@ -7,14 +7,15 @@ skipped, and never changes how a message is settled.
 """
 from __future__ import annotations
 
-__all__ = ["Middleware", "Hooks"]
+__all__ = ["Middleware", "Hooks", "Handled"]
 
 import logging
+import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
 from ..core.decision import Outcome
-from ..errors import ConfigurationError
+from ..errors import Archive, ConfigurationError, Retry
 
 if TYPE_CHECKING:
     from ..core.delivery import Delivery
@@ -25,6 +26,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Handled(Exception):
+    """Raised by a ``handling(event)`` context on entering: this event was handled before (the inbox holds its
+    key), so the handler is not called and the message is acked (docs/effectively-once.md)."""
 
 
 class Middleware:
@@ -84,7 +90,13 @@ class Middleware:
         """``events.publish`` stored the event in the local backlog: the broker has not confirmed it yet."""
 
     def handling(self, event: Event) -> AbstractContextManager[Any]:
-        """Context manager around one handler call, in the process that runs it (pool side)."""
+        """Context manager around one handler call, in the process that runs it (pool side).
+
+        A context that fails on entering or leaving is logged and skipped, except three
+        exceptions that steer the message: :class:`Handled` on entering skips the handler
+        (the message is acked), ``Retry`` and ``Archive`` (entering, or leaving after the
+        handler returned) end the attempt as if the handler had raised them.
+        """
         return nullcontext()
 
 
@@ -158,10 +170,13 @@ class Hooks:
         for m in self.on_after_store:
             _guarded(m.after_store, exchange, routing_key, properties)
 
-    def around(self, event: Event, call: Callable[[], T]) -> T:
+    def around(self, event: Event, call: Callable[[], T], skipped: Callable[[], Any] = time.perf_counter) -> T:
         """``call()`` inside every ``handling(event)`` context; a failing context is skipped.
 
         The handler's exception always propagates: a context manager cannot swallow it.
+        A context raising :class:`Handled` on entering skips ``call`` and returns ``skipped()``
+        (the runner's ``call`` returns when the handler started: a skipped one starts now);
+        ``Retry`` or ``Archive`` from a context propagates, once the contexts entered are left.
         """
         entered = []
         for m in self.on_handling:
@@ -169,6 +184,11 @@ class Hooks:
                 context = m.handling(event)
                 context.__enter__()
                 entered.append(context)
+            except (Handled, Retry, Archive) as exc:
+                _exit_all(entered, None, None, None)
+                if isinstance(exc, Handled):
+                    return skipped()  # type: ignore[no-any-return]
+                raise
             except Exception:
                 logger.exception("kombu-events: middleware %r failed entering handling() for message %r of %s; "
                                  "skipped", m, event.message_id, event.queue)
@@ -177,7 +197,9 @@ class Hooks:
         except BaseException as exc:
             _exit_all(entered, type(exc), exc, exc.__traceback__)
             raise
-        _exit_all(entered, None, None, None)
+        steering = _exit_all(entered, None, None, None)
+        if steering is not None:
+            raise steering
         return result
 
 
@@ -193,12 +215,17 @@ def _first_outcome(middleware: tuple[Middleware, ...], hook: str, argument: Any)
     return None
 
 
-def _exit_all(entered: list[AbstractContextManager[Any]], *exc_info: Any) -> None:
+def _exit_all(entered: list[AbstractContextManager[Any]], *exc_info: Any) -> Exception | None:
+    """Leave every context, innermost first; return the first ``Retry``/``Archive`` one raised (others are logged)."""
+    steering: Exception | None = None
     for context in reversed(entered):
         try:
             context.__exit__(*exc_info)
+        except (Retry, Archive) as exc:  # e.g. the inbox could not commit: the attempt must not count as done
+            steering = steering or exc
         except Exception:
             logger.exception("kombu-events: middleware context %r failed on exit; ignored", context)
+    return steering
 
 
 def _guarded(hook: Callable[..., T], *args: Any) -> T | None:

@@ -1,10 +1,11 @@
 """Consume one service's handler queues inside a worker; hand messages to the pool; carry out plans.
 
 Glue, on the worker's event loop: :func:`~kombu_events.core.delivery.read_delivery` reads a
-message, the pool runs its handler, :func:`~kombu_events.core.settlement.plan` decides, and
-:meth:`ServiceConsumer._execute` carries the plan out. A republish (retry, requeue,
-archive) is confirmed before the original is acked, so a crash in between
-duplicates, never loses. A republish the broker refuses (ACCESS_REFUSED: the user lost
+message, a :class:`~kombu_events.worker.batching.Batcher` collects what one read of the loop
+brings, the pool runs the handlers of a batch as one job, :func:`~kombu_events.core.settlement.plan`
+decides for each message on its own, and :meth:`ServiceConsumer._execute` carries the plan out.
+A republish (retry, requeue, archive) is confirmed before the original is acked, so a crash
+in between duplicates, never loses. A republish the broker refuses (ACCESS_REFUSED: the user lost
 *write* on a delay exchange or the archive) is no fault of the message: it is left
 unacked and its queue paused until the worker restarts, with one ERROR line.
 
@@ -20,12 +21,14 @@ from __future__ import annotations
 __all__ = ["ServiceConsumer"]
 
 import logging
+import select
 import threading
 import time
 from functools import partial
 from typing import Any, Callable
 
 from amqp import Message
+from celery.exceptions import WorkerShutdown
 from kombu import Consumer
 
 from ..broker import verify
@@ -34,10 +37,12 @@ from ..broker.declare import declare
 from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core import decision
 from ..core.delivery import Delivery, read_delivery
+from ..core.handlers import awaits
 from ..core.settlement import Ack, Hold, Republish, Step, plan
 from ..middleware.control import Control
 from ..registry import Route
-from . import runner
+from . import awaiting, runner
+from .batching import BUDGET_MS, Batcher, max_messages
 from .mailbox import Mailbox
 from .screening import announce, screen
 
@@ -45,6 +50,12 @@ logger = logging.getLogger(__name__)
 
 #: How often the event loop looks for a channel of ours that the broker closed.
 CHANNEL_CHECK_S = 5.0
+
+#: A batch waits at most this long for a free pool process (a safety net: every job's callback frees one).
+BATCH_WAIT_S = 1.0
+
+#: A message received and not yet handed to the pool: its route, delivery, kombu message and runner arguments.
+Entry = tuple[Route, Delivery, Any, runner.Item]
 
 
 class ServiceConsumer:
@@ -78,6 +89,14 @@ class ServiceConsumer:
         self._channel_check: Any = None
         #: Refusals (ACCESS_REFUSED) logged so far: one ERROR line each.
         self._refusals: set[str] = set()
+        #: Queues whose handlers are ``async def`` (awaited in the pool: never under gevent or eventlet).
+        self.awaited = frozenset(r.handler.queue for r in self.routes if awaits(r.handler.fn))
+        #: Messages received, not yet handed to the pool (kept across restarts: what handlers cost).
+        self._batch: Batcher[Entry] = Batcher(max_messages=1, awaited=self.awaited)
+        #: Whether the connection has more to read now (a batch waits for it); without a hub, never.
+        self._more_to_read: Callable[[], bool] = _never
+        #: Jobs handed to the pool and not returned yet, the pool's processes, when the batch began.
+        self._jobs, self._processes, self._since = 0, 1, 0.0
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
 
@@ -90,6 +109,7 @@ class ServiceConsumer:
         the blocking loop that workers without an event loop (gevent, eventlet) run.
         """
         self._close_channels()
+        self._check_pool(pool)
         if self.settings.declare:
             declare(self.topology, connection)
         else:  # on every reconnect too: someone may have deleted a queue meanwhile
@@ -110,14 +130,39 @@ class ServiceConsumer:
             for r in self.routes
         }
         self._active = set()
-        if hub is None:
+        self._batch.max_messages = 1
+        self._more_to_read = _never
+        if hub is not None:  # with an event loop, batches: what one read of the loop brings goes to the pool at once
+            in_flight = sum(self._prefetch.get(r.handler.queue, self.prefetch_count) for r in self.routes)
+            self._processes = max(1, getattr(pool, "limit", 1) or 1)
+            self._batch.max_messages = max_messages(in_flight=in_flight, processes=self._processes)
+            # solo runs a batch on the event loop itself: a batch of sync handlers would hold heartbeats
+            # for all of them, so only the async def ones (awaited together) go in batches there.
+            self._batch.budget_ms = 0.0 if type(pool).__module__.endswith(".solo") else BUDGET_MS
+            self._more_to_read = _readable(connection)
+        else:
             self.consume()  # no event loop (synloop): nothing else will call consume()
+
+    def _check_pool(self, pool: Any) -> None:
+        """Under gevent or eventlet, refuse to start with an ``async def`` handler (exit 1, one ERROR line)."""
+        if not getattr(pool, "is_green", False):
+            return
+        why = (f"the {type(pool).__module__.rsplit('.', 1)[-1]} pool runs handlers in greenlets, on one thread, "
+               "where kombu-events cannot run an asyncio event loop for them")
+        awaiting.refuse(why)  # a coroutine returned by a sync wrapper is archived with this reason
+        if self.awaited:
+            handlers = ", ".join(sorted(r.handler.name for r in self.routes if r.handler.queue in self.awaited))
+            logger.error("kombu-events: service %s has async def handlers (%s) and %s: run this worker with "
+                         "--pool=prefork, threads or solo, or define them with def", self.settings.service,
+                         handlers, why)
+            raise WorkerShutdown(1)
 
     def consume(self) -> None:
         """Start receiving; with an event loop only once the pool is registered with it."""
         if self._hub is not None:
             self.mailbox.watch(self._hub)
             self._channel_check = self._hub.call_repeatedly(CHANNEL_CHECK_S, self._check_channels)
+            _ticks(self._hub).add(self._tick)
         self._started = True
         self.control.attach(self._connection, self._hub)
         if self.hooks.on_started:
@@ -138,6 +183,9 @@ class ServiceConsumer:
             logger.info("%s", exc)
         self._consumers = {}
         self._active = set()
+        if self._hub is not None:
+            _ticks(self._hub).discard(self._tick)
+        self._flush()  # received already: handled and acked as if the step had not stopped
         if self._channel_check is not None:
             _quietly(self._channel_check.cancel)
             self._channel_check = None
@@ -262,13 +310,62 @@ class ServiceConsumer:
             self._settle(route, delivery, message, outcome)
             return
         meta = (delivery.routing_key, delivery.attempt, delivery.headers, delivery.properties)
-        done = partial(self._post, route, delivery, message)
+        item = (handler.queue, delivery.body, delivery.content_type, delivery.content_encoding, meta,
+                decision.is_final(delivery.attempt, handler.max_retries))
+        if self._batch.add(handler.queue, (route, delivery, message, item)) or self._ready():
+            self._flush()
+        elif len(self._batch) == 1:
+            self._since = time.monotonic()
+
+    def _ready(self) -> bool:
+        """Whether to hand the batch over now: a pool process is free and the loop has read what was there.
+
+        While every process is busy, messages wait for the first to be free (or for the batch to be
+        full): the job it then gets holds them all, so ``async def`` handlers arriving one by one are
+        still awaited together.
+        """
+        return self._jobs < self._processes and not self._more_to_read()
+
+    def _tick(self) -> None:
+        """Hub tick, before each poll: hand over a batch that is ready (or has waited too long)."""
         try:
-            self._pool.apply_async(runner.run, (handler.queue, delivery.body, delivery.content_type,
-                                                delivery.content_encoding, meta,
-                                                decision.is_final(delivery.attempt, handler.max_retries)),
-                                   callback=done, error_callback=done)
+            if len(self._batch) and (self._ready() or time.monotonic() - self._since > BATCH_WAIT_S):
+                self._flush()
+        except Exception:  # never into the hub: its loop would end
+            logger.exception("kombu-events: handing a batch of service %s to the pool failed", self.settings.service)
+
+    def _returned(self) -> None:
+        """A job came back (on the loop thread): its process is free; a batch waiting for one goes now."""
+        self._jobs = max(0, self._jobs - 1)
+        if len(self._batch) and self._ready():
+            self._flush()
+
+    def _flush(self) -> None:
+        """Hand the batch to the pool: one message as before (``runner.run``), several as one job (``run_batch``)."""
+        entries = self._batch.take()
+        if len(entries) == 1:
+            self._hand_over(*entries[0])
+        elif entries:
+            done = partial(self._post_batch, entries)
+            self._jobs += 1  # before: solo calls back from inside apply_async
+            try:
+                self._pool.apply_async(runner.run_batch, ([entry[3] for entry in entries],
+                                                          self.settings.async_concurrency),
+                                       callback=done, error_callback=done)
+            except Exception as exc:  # e.g. one message's headers too deep to pickle: each on its own, then
+                self._jobs -= 1
+                logger.debug("kombu-events: a batch of %d could not be handed to the pool (%r); one by one",
+                             len(entries), exc)
+                for entry in entries:
+                    self._hand_over(*entry)
+
+    def _hand_over(self, route: Route, delivery: Delivery, message: Any, item: runner.Item) -> None:
+        done = partial(self._post, route, delivery, message)
+        self._jobs += 1
+        try:
+            self._pool.apply_async(runner.run, item, callback=done, error_callback=done)
         except Exception as exc:  # e.g. headers nested too deep to pickle for a prefork child
+            self._jobs -= 1
             what = decision.describe(exc)
             self._settle(route, delivery, message,
                          decision.Outcome(decision.UNDECODABLE, f"cannot be handed to the pool: {what}", what))
@@ -276,12 +373,43 @@ class ServiceConsumer:
     def _post(self, *item: Any) -> None:
         """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
         if self.mailbox.pipe is None or threading.get_ident() == self._loop_ident:
-            self._settle(*item)  # the common case, without building a callable per message
+            self._ran(*item)  # the common case, without building a callable per message
         else:
             try:
-                self.mailbox.post(partial(self._settle, *item))
+                self.mailbox.post(partial(self._ran, *item))
             except Exception:  # e.g. the wake pipe closed at shutdown: the message stays unacked
                 logger.exception("kombu-events: could not hand a result back to the event loop; left unacked")
+
+    def _post_batch(self, entries: list[Entry], result: Any) -> None:
+        """Pool callback of a batch: its Outcomes, or why its pool process was lost (settled as for :meth:`_post`)."""
+        if self.mailbox.pipe is None or threading.get_ident() == self._loop_ident:
+            self._ran_batch(entries, result)
+        else:
+            try:
+                self.mailbox.post(partial(self._ran_batch, entries, result))
+            except Exception:  # e.g. the wake pipe closed at shutdown: the messages stay unacked
+                logger.exception("kombu-events: could not hand %d results back to the event loop; left unacked",
+                                 len(entries))
+
+    def _ran_batch(self, entries: list[Entry], result: Any) -> None:
+        """Settle each message of a batch on its own; a lost pool process loses each (decision.lost)."""
+        if not (isinstance(result, list) and len(result) == len(entries)):
+            for route, delivery, message, _ in entries:
+                self._settle(route, delivery, message, result)
+        else:
+            self._batch.observe_batch([(entry[0].handler.queue, getattr(outcome, "duration_ms", 0.0))
+                                       for entry, outcome in zip(entries, result)],
+                                      getattr(result, "elapsed_ms", -1.0))
+            for (route, delivery, message, _), outcome in zip(entries, result):
+                self._settle(route, delivery, message, outcome)
+        self._returned()
+
+    def _ran(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
+        """Note what the handler cost (the batches' budget), then settle."""
+        if isinstance(result, decision.Outcome) and result.duration_ms > 0:
+            self._batch.observe(route.handler.queue, result.duration_ms)
+        self._settle(route, delivery, message, result)
+        self._returned()
 
     # -- carrying out the plan -----------------------------------------------------------------
 
@@ -332,6 +460,34 @@ class ServiceConsumer:
     def _settled(self, route: Route, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
         """One log line, the ``message_settled`` signal and the middleware's ``settled`` hook."""
         announce(route.handler.fn, self.hooks, delivery, outcome, step)
+
+
+def _never() -> bool:
+    return False
+
+
+def _ticks(hub: Any) -> set[Callable[[], Any]]:
+    """The callbacks ``hub`` runs on every turn of its loop (a hub without them: a set nobody runs)."""
+    ticks: set[Callable[[], Any]] = getattr(hub, "on_tick", set())
+    return ticks
+
+
+def _readable(connection: Any) -> Callable[[], bool]:
+    """Whether ``connection`` has bytes to read now (py-amqp's buffer, TLS's, or the socket's); else never."""
+    try:
+        transport = connection.connection.transport
+        sock = transport.sock
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+    except Exception as exc:  # another transport, or not connected: no batches, every message at once
+        logger.debug("kombu-events: cannot watch the connection for batching: %r", exc)
+        return _never
+    pending = getattr(sock, "pending", None)  # TLS: decrypted bytes the socket no longer shows
+
+    def more() -> bool:
+        return bool(transport._read_buffer) or bool(pending and pending()) or bool(poller.poll(0))
+
+    return more
 
 
 def _as_published(channel: Any, raw: Any) -> Any:

@@ -1,12 +1,14 @@
 """events.py without a broker: handler registration (and what it refuses), the event decorator, the worker step."""
 from __future__ import annotations
 
+import asyncio
+
 import celery
 import pytest
 
 from kombu_events import Events, registry
 from kombu_events.core.backoff import Constant, Exponential
-from kombu_events.errors import ConfigurationError, UnroutableError
+from kombu_events.errors import ConfigurationError
 from kombu_events.publishing.publisher import Publisher
 from kombu_events.publishing.service import ServicePublisher
 from kombu_events.testing import StubEvents
@@ -269,14 +271,20 @@ def test_the_publisher_can_be_replaced_and_reset(events):
 # -- what the worker could not run as written is refused when it is registered ----------------------
 
 
-def test_an_async_handler_is_refused_at_registration(events):
-    async def on_paid(payload):
-        pass
+def test_an_async_handler_registers_and_is_awaited(events):
+    ran = []
 
-    with pytest.raises(ConfigurationError, match=r"^handler .*\.on_paid is an async def function: kombu-events "
-                                                 r"cannot await it yet.*asyncio\.run inside it$"):
-        events.handler("billing.invoice.paid")(on_paid)
-    assert events.handlers == (), "nothing is registered"
+    @events.handler("billing.invoice.paid")
+    async def on_paid(payload):
+        await asyncio.sleep(0)
+        ran.append(payload)
+
+    assert [h.fn for h in events.handlers] == [on_paid]
+    stub = StubEvents(events)
+    stub.publish("billing.invoice.paid", {"id": 7})
+    stub.join()
+    assert ran == [{"id": 7}]
+    assert [(s.action, s.handler) for s in stub.settled] == [("ack", on_paid)]
 
 
 def test_a_generator_handler_and_a_class_are_refused(events):
@@ -337,16 +345,13 @@ def test_a_periodic_function_is_checked_like_a_handler(events):
     assert events.schedules == ()
 
 
-def test_through_the_stub_an_async_handler_cannot_be_acked_unrun(events):
-    ran = []
-
-    with pytest.raises(ConfigurationError, match="async def"):
-        @events.handler("billing.invoice.paid")
-        async def on_paid(payload):
-            ran.append(payload)
+def test_through_the_stub_an_async_handler_that_raises_is_retried(events):
+    @events.handler("billing.invoice.paid", max_retries=1)
+    async def on_paid(payload):
+        await asyncio.sleep(0)
+        raise ValueError("boom")
 
     stub = StubEvents(events)
-    with pytest.raises(UnroutableError):  # no queue is bound: the event is refused, not acked
-        stub.publish("billing.invoice.paid", {"id": 7})
-    stub.join()
-    assert (stub.acked, ran) == ([], [])
+    stub.publish("billing.invoice.paid", {"id": 7})
+    stub.join(fail_fast=False)
+    assert [(s.action, s.attempt) for s in stub.settled] == [("retry", 1)]

@@ -13,6 +13,7 @@ import pytest
 
 from kombu_events.core.event import Event
 from kombu_events.core.handlers import (
+    awaits,
     check_prefetch,
     check_runnable,
     exception_classes,
@@ -124,7 +125,8 @@ def keyword_only(*, payload):
 
 
 MOD = re.escape(__name__)  # the module these functions are defined in, as messages name it
-ASYNC_FIX = "kombu-events cannot await it yet.*define it with def, or run the coroutine with asyncio.run inside it"
+ASYNC_FIX = ("kombu-events awaits async def handlers, not this.*define it with def, "
+             "or run the coroutine with asyncio.run inside it")
 
 
 @pytest.mark.parametrize(
@@ -161,6 +163,22 @@ def test_check_runnable_refuses_what_the_worker_could_not_run(fn, message):
         check_runnable(fn, role="handler", argument="the event's payload", parameter="payload")
 
 
+@pytest.mark.parametrize("fn", [on_paid, functools.partial(on_paid), AsyncNotifier(), AsyncNotifier().__call__])
+def test_a_handler_may_be_async_def_and_awaits_says_so(fn):
+    check_runnable(fn, role="handler", argument="the event's payload", parameter="payload", awaited=True)
+    assert awaits(fn)
+
+
+@pytest.mark.parametrize("fn", [generates, streams, SyncNotifier(), takes_two, functools.partial(takes_two, 1)])
+def test_awaits_is_false_for_what_is_not_a_coroutine_function(fn):
+    assert not awaits(fn)
+
+
+def test_an_awaited_handler_is_still_refused_as_a_generator():
+    with pytest.raises(ConfigurationError, match="is an async generator function"):
+        check_runnable(streams, role="handler", argument="the event's payload", parameter="payload", awaited=True)
+
+
 def with_default(payload, extra=None):
     pass
 
@@ -173,7 +191,9 @@ def positional_only(payload, /):
     "fn",
     [lambda payload: None, with_default, positional_only, lambda *args, **kwargs: None, SyncNotifier(),
      SyncNotifier().__call__, functools.partial(takes_two, 1), print, len, [].append, mock.Mock()],
-    ids=repr,
+    # Names, not repr: an address in a test id differs between pytest-xdist's processes (scripts/test).
+    ids=["lambda", "default", "positional-only", "varargs", "instance", "bound-call", "partial", "print", "len",
+         "bound-builtin", "mock"],
 )
 def test_check_runnable_accepts_what_takes_one_positional_argument(fn):
     check_runnable(fn, role="handler", argument="the event's payload", parameter="payload")

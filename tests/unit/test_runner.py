@@ -290,9 +290,15 @@ def _generator_under_a_sync_decorator():
     return wrapper
 
 
-@pytest.mark.parametrize("make", [_async_under_a_sync_decorator, _generator_under_a_sync_decorator])
-def test_a_handler_that_returns_a_coroutine_or_generator_is_archived_not_acked(make, recwarn):
-    route = Route(_handler(make()), ACCEPT, 2000)
+def test_a_handler_that_returns_a_generator_is_archived_not_acked(recwarn):
+    route = Route(_handler(_generator_under_a_sync_decorator()), ACCEPT, 2000)
     outcome = runner._run(route, QUEUE, b"{}", JSON, None, None, True)
     assert outcome.kind == decision.ARCHIVE and "instead of running" in outcome.reason
+
+
+def test_the_coroutine_a_sync_wrapper_returns_is_awaited(recwarn):
+    route = Route(_handler(_async_under_a_sync_decorator()), ACCEPT, 2000)
+    outcome = runner._run(route, QUEUE, b"{}", JSON, None, None, True)
+    assert (outcome.kind, outcome.exception) == (decision.FAILED, "builtins.AssertionError: never runs"), \
+        "its body ran (and raised)"
     assert not [w for w in recwarn if "never awaited" in str(w.message)]

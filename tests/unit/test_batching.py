@@ -1,0 +1,249 @@
+"""Batched hand-off to the pool: the Batcher's rules, and the consumer settling each message of a batch on its own."""
+from __future__ import annotations
+
+import json
+import pickle
+from types import SimpleNamespace
+
+import pytest
+from celery import Celery
+from celery.exceptions import WorkerShutdown
+
+from kombu_events import Events, registry
+from kombu_events.core import decision
+from kombu_events.worker import awaiting, runner
+from kombu_events.worker.batching import BUDGET_MS, MAX_MESSAGES, Batcher, max_messages
+from kombu_events.worker.consumer import ServiceConsumer
+
+# -- the Batcher (pure) ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_flight, processes, expected", [
+    (100, 2, 50), (100, 1, MAX_MESSAGES), (1000, 2, MAX_MESSAGES), (100, 8, 12), (3, 8, 1), (0, 0, 1)])
+def test_a_batch_is_a_share_of_the_prefetch_per_process_at_most_max_messages(in_flight, processes, expected):
+    assert max_messages(in_flight=in_flight, processes=processes) == expected
+
+
+def test_the_first_message_of_a_queue_goes_alone_then_the_average_decides():
+    batcher: Batcher[int] = Batcher(max_messages=50)
+    batcher.overhead_ms = 0.0
+    assert batcher.add("q", 1), "not run yet: it counts as the whole budget"
+    assert batcher.take() == [1] and len(batcher) == 0
+    batcher.observe("q", 1.0)  # 1 ms each: 10 fit the 10 ms budget
+    assert [batcher.add("q", i) for i in range(10)] == [False] * 9 + [True]
+    assert batcher.take() == list(range(10))
+
+
+def test_what_a_batch_costs_besides_its_handlers_is_learnt_and_counted():
+    batcher: Batcher[int] = Batcher(max_messages=100, awaited=frozenset({"aio"}))
+    assert batcher.overhead_ms == 1.0, "unknown: rather too much"
+    for _ in range(60):  # 9 sync messages, 0.9 ms of handlers, 18.9 ms before awaiting: 2 ms each besides
+        batcher.observe_batch([("q", 0.1)] * 9 + [("aio", 500.0)], elapsed_ms=18.9)
+    assert batcher.overhead_ms == pytest.approx(2.0, abs=0.01)
+    assert batcher.cost_ms("q") == pytest.approx(0.1)
+    assert [batcher.add("q", i) for i in range(5)] == [False, False, False, False, True], "5 x 2.1 ms > 10 ms"
+    batcher.take()
+    assert [batcher.add("aio", i) for i in range(5)] == [False] * 5, "awaited: only max_messages counts"
+    batcher.observe_batch([], elapsed_ms=5.0)
+    batcher.observe_batch([("q", 0.1)], elapsed_ms=-1.0)  # a batch from a pool that did not say
+    assert batcher.overhead_ms == pytest.approx(2.0, abs=0.01)
+
+
+def test_with_no_budget_sync_messages_go_one_by_one_and_async_ones_wait_for_company():
+    batcher: Batcher[int] = Batcher(max_messages=3, awaited=frozenset({"aio"}), budget_ms=0.0)  # solo
+    batcher.observe("q", 0.001)
+    assert [batcher.add("aio", 1), batcher.add("aio", 2)] == [False, False]
+    assert batcher.add("q", 3), "a sync message: the batch goes now"
+    assert batcher.take() == [1, 2, 3]
+    assert [batcher.add("aio", i) for i in range(3)] == [False, False, True]
+
+
+def test_fast_handlers_fill_the_batch_up_to_max_messages():
+    batcher: Batcher[int] = Batcher(max_messages=3)
+    batcher.observe("q", 0.01)
+    assert [batcher.add("q", i) for i in range(3)] == [False, False, True]
+
+
+def test_a_slow_handler_goes_one_by_one_and_the_average_follows_the_durations():
+    batcher: Batcher[int] = Batcher(max_messages=50)
+    batcher.overhead_ms = 0.0
+    batcher.observe("slow", 200.0)
+    assert batcher.add("slow", 1)
+    batcher.take()
+    for _ in range(40):
+        batcher.observe("slow", 0.5)
+    assert batcher.cost_ms("slow") == pytest.approx(0.5, abs=0.05)
+    assert not batcher.add("slow", 2), "fast now: it waits for company"
+
+
+def test_async_handlers_count_only_towards_max_messages():
+    batcher: Batcher[int] = Batcher(max_messages=4, awaited=frozenset({"aio"}))
+    batcher.observe("aio", 500.0)  # awaiting overlaps: never an average
+    assert batcher.cost_ms("aio") is None
+    assert [batcher.add("aio", i) for i in range(4)] == [False, False, False, True]
+
+
+def test_nan_or_negative_durations_are_ignored():
+    batcher: Batcher[int] = Batcher(max_messages=4)
+    batcher.observe("q", float("nan"))
+    batcher.observe("q", -1.0)
+    assert batcher.cost_ms("q") is None and BUDGET_MS > 0
+
+
+# -- the consumer: batches handed over, each message settled on its own ------------------------------------
+
+
+class Pool:
+    """A pool that runs nothing: it keeps what it is handed (function, args, callback, error_callback)."""
+
+    limit = 2
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple] = []
+
+    def apply_async(self, fn, args, callback, error_callback):
+        self.jobs.append((fn, args, callback, error_callback))
+
+
+class Message:
+    def __init__(self, i: int) -> None:
+        self.body = json.dumps({"i": i}).encode()
+        self.properties = {"message_id": f"m{i}", "content_type": "application/json"}
+        self.delivery_info = {"routing_key": "orders.created", "redelivered": False}
+
+
+@pytest.fixture
+def consumer(monkeypatch):
+    registry.reset()
+    app = Celery("t", broker="memory://")
+    events = Events(app, service="batch")
+
+    @events.handler("orders.#")
+    def handle(payload):
+        pass
+
+    @events.handler("aio.#")
+    async def awaited(payload):
+        pass
+
+    registry.resolve(app)
+    consumer = ServiceConsumer(events)
+    consumer._pool = Pool()
+    consumer.settled = []
+    monkeypatch.setattr(consumer, "_settle", lambda route, delivery, message, result:
+                        consumer.settled.append((delivery.message_id, result)))
+    yield consumer
+    registry.reset()
+
+
+def receive(consumer, ids, more=True):
+    consumer._more_to_read = lambda: more
+    route = consumer.routes[0]
+    for i in ids:
+        consumer._receive(route, Message(i))
+
+
+def test_without_more_to_read_a_lone_message_goes_at_once_as_before(consumer):
+    consumer._batch.max_messages = 50
+    consumer._batch.observe("batch.handle", 0.01)  # fast: only the read's end makes it go
+    receive(consumer, [1], more=False)
+    ((fn, args, callback, _),) = consumer._pool.jobs
+    assert fn is runner.run and args[0] == "batch.handle"
+    callback(decision.Outcome(decision.OK, duration_ms=0.01))
+    assert consumer.settled == [("m1", decision.Outcome(decision.OK, duration_ms=0.01))]
+
+
+def test_what_one_read_brings_goes_as_one_job_and_each_message_settles_on_its_own(consumer):
+    consumer._batch.max_messages = 50
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, range(5), more=True)
+    assert consumer._pool.jobs == [], "the connection has more: the batch waits"
+    consumer._more_to_read = lambda: False
+    consumer._tick()
+    ((fn, (items, limit), callback, _),) = consumer._pool.jobs
+    assert fn is runner.run_batch and limit == consumer.settings.async_concurrency == 100
+    assert [json.loads(item[1])["i"] for item in items] == list(range(5))
+    outcomes = runner.Outcomes(decision.Outcome(decision.OK if i % 2 else decision.FAILED, duration_ms=0.02)
+                               for i in range(5))
+    outcomes.elapsed_ms = 5.1
+    callback(pickle.loads(pickle.dumps(outcomes)))  # as from a prefork child
+    assert consumer.settled == [(f"m{i}", outcomes[i]) for i in range(5)]
+    assert consumer._batch.overhead_ms == pytest.approx(1.0), "(5.1 - 5 x 0.02) / 5 = 1.0 ms besides the handler"
+
+
+def test_a_full_batch_goes_without_waiting_for_the_read_to_end(consumer):
+    consumer._batch.max_messages = 3
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, range(7), more=True)
+    assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [3, 3]
+    consumer.stop()  # what is left goes to the pool: nothing received is kept back
+    assert [len(args) if fn is runner.run else len(args[0]) for fn, args, _, _ in consumer._pool.jobs] == [3, 3, 6]
+
+
+def test_a_lost_pool_process_loses_every_message_of_its_batch(consumer):
+    consumer._batch.max_messages = 4
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, range(4))
+    ((_, _, _, error_callback),) = consumer._pool.jobs
+    lost = SimpleNamespace(exception=RuntimeError("Worker exited prematurely: signal 9 (SIGKILL)"), traceback="")
+    error_callback(lost)
+    assert [m for m, _ in consumer.settled] == ["m0", "m1", "m2", "m3"]
+    assert all(result is lost for _, result in consumer.settled), "each goes to decision.lost in _settle"
+
+
+def test_a_batch_that_cannot_be_handed_over_goes_one_by_one(consumer):
+    class Refusing(Pool):
+        def apply_async(self, fn, args, callback, error_callback):
+            if fn is runner.run_batch or json.loads(args[1])["i"] == 2:
+                raise RecursionError("too deep to pickle")
+            super().apply_async(fn, args, callback, error_callback)
+
+    consumer._pool = Refusing()
+    consumer._batch.max_messages = 4
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, range(4))
+    assert [json.loads(args[1])["i"] for _, args, _, _ in consumer._pool.jobs] == [0, 1, 3]
+    ((message_id, outcome),) = consumer.settled
+    assert message_id == "m2" and outcome.kind == decision.UNDECODABLE
+    assert "cannot be handed to the pool" in outcome.reason
+
+
+def test_under_a_green_pool_an_async_handler_stops_the_worker_at_start(consumer, caplog):
+    class TaskPool:
+        __module__ = "celery.concurrency.gevent"
+        is_green = True
+
+    green = TaskPool()
+    try:
+        with pytest.raises(WorkerShutdown):
+            consumer._check_pool(green)
+        assert "async def handlers (awaited) and the gevent pool runs handlers in greenlets" in caplog.text
+        assert "--pool=prefork, threads or solo" in caplog.text
+        assert awaiting.refused() is not None
+    finally:
+        awaiting.refuse(None)
+    consumer._check_pool(Pool())  # any other pool: nothing to refuse
+
+
+def test_while_every_process_is_busy_messages_wait_and_go_together_when_one_is_free(consumer):
+    consumer._batch.max_messages, consumer._processes = 50, 1
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, [0], more=False)
+    ((_, _, first_done, _),) = consumer._pool.jobs  # the only process is busy with it
+    receive(consumer, [1, 2, 3], more=False)  # one by one, each read ends: they wait all the same
+    consumer._tick()
+    assert len(consumer._pool.jobs) == 1
+    first_done(decision.Outcome(decision.OK, duration_ms=0.01))
+    (_, (fn, (items, _), _, _)) = consumer._pool.jobs
+    assert fn is runner.run_batch and [json.loads(item[1])["i"] for item in items] == [1, 2, 3]
+
+
+def test_a_batch_that_waited_too_long_for_a_free_process_goes_anyway(consumer, monkeypatch):
+    consumer._batch.max_messages, consumer._processes, consumer._jobs = 50, 1, 1  # a job that never came back
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, [1, 2], more=False)
+    consumer._tick()
+    assert consumer._pool.jobs == []
+    monkeypatch.setattr(consumer, "_since", consumer._since - 2.0)
+    consumer._tick()
+    assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [2]
