@@ -19,6 +19,7 @@ from .core.handlers import Handler, HandlerSpec, handler_options
 from .core.health import HealthCheck
 from .core.schedule import Schedule
 from .core.topology import Topology, build_topology
+from .database import Backend, Inbox, Outbox, backend_for
 from .errors import ConfigurationError
 from .middleware.base import Hooks, Middleware
 from .middleware.stack import MiddlewareStack
@@ -50,12 +51,17 @@ class Events:
     ``events.publishing`` (a :class:`~kombu_events.publishing.service.ServicePublisher`)
     publishes: its ``publisher`` is the confirmed publisher (a test kit may set its own),
     its ``backlog_publisher`` the backlog's publisher, circuits and flusher.
+
+    ``database`` (``"django"``, ``"django:<alias>"`` or an SQLAlchemy ``Engine``) holds the inbox
+    of ``once=True`` handlers; with ``outbox=True``, ``publish`` inside an open transaction of it
+    writes the event to its outbox, published after the commit (docs/effectively-once.md).
     """
 
     def __init__(self, app: Any, service: str, *, broker: str | None = None,
                  middleware: Iterable[Middleware] = (), backlog: str | os.PathLike[str] | Backlog | None = None,
                  health_checks: Iterable[PublisherCheck | Callable[[], Any]] = (),
-                 publisher_circuit: CircuitBreaker | None = None, **settings: Any) -> None:
+                 publisher_circuit: CircuitBreaker | None = None, database: Any = None, outbox: bool = False,
+                 **settings: Any) -> None:
         names.validate_name("service", service, max_bytes=200)
         check_setting_names(settings)  # a typo fails here, not later at worker start
         self.app = app
@@ -70,6 +76,15 @@ class Events:
                                            broker_url=lambda: self.broker_url, backlog=backlog,
                                            health_checks=health_checks, publisher_circuit=publisher_circuit, app=app)
         self.backlog = self.publishing.backlog
+        #: The application's database (``database=``), where the inbox and the outbox live; None without one.
+        self.database: Backend | None = backend_for(database) if database is not None else None
+        if outbox and self.database is None:
+            raise ConfigurationError("outbox=True needs database='django' (or 'django:<alias>') or an SQLAlchemy "
+                                     "Engine: the outbox is a table of the application's database")
+        #: Where ``publish`` writes inside an open transaction (``outbox=True``); None otherwise.
+        self.outbox: Outbox | None = Outbox(self.database, self.publishing) \
+            if outbox and self.database is not None else None
+        self._inbox: Inbox | None = None
         self._schedules = Schedules(service, settings=lambda: self.settings, broker_url=lambda: self.broker_url,
                                     topology=self.topology, publish_topology=lambda: self.publishing.topology, app=app)
         registry.register(self)
@@ -121,6 +136,7 @@ class Events:
         single_active_consumer: bool = False,
         type: str | None = None,
         publishers: Iterable[str] | None = None,
+        once: bool | Callable[[Any], str] = False,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: call the function for every event whose routing key matches ``binding_keys``.
 
@@ -141,15 +157,25 @@ class Events:
         published by those RabbitMQ users (the ``user_id`` property, which RabbitMQ checks
         against the publishing connection's user); others are archived without running it.
 
-        A function the worker could not run as written is refused here, with
-        ConfigurationError: an ``async def`` or generator function (calling it would not
-        run its body), a class, one that cannot take one positional argument, or an
-        annotation pydantic cannot validate.
+        ``once=True`` runs it effectively once per event with the service's ``database=``:
+        inside a transaction that also inserts the event's key into the inbox, so a
+        redelivered event whose key is committed is acked without running it. The key is the
+        ``message_id``, else a hash of routing key and body; ``once=<callable(event) -> str>``
+        gives it. With SQLAlchemy the handler reaches the transaction through
+        ``kombu_events.database.session()`` (docs/effectively-once.md).
+
+        An ``async def`` function is awaited on an asyncio event loop in the pool process
+        (or thread), up to ``async_concurrency`` at once (docs/howto/pools.md). A function
+        the worker could not run as written is refused here, with ConfigurationError: a
+        generator function (calling it would not run its body), a class, one that cannot
+        take one positional argument, or an annotation pydantic cannot validate.
         """
         keys, options = handler_options(
             binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
             dont_retry=dont_retry, bind=bind, raw=raw, circuit_breaker=circuit_breaker, prefetch=prefetch,
-            single_active_consumer=single_active_consumer, message_type=type, publishers=publishers)
+            single_active_consumer=single_active_consumer, message_type=type, publishers=publishers, once=once)
+        if once:
+            self._add_inbox()
 
         def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
             self._specs.append(HandlerSpec.of(fn, keys, options))  # refused here, at import time
@@ -173,6 +199,15 @@ class Events:
                         "give one of them name= or queue=")
                 seen[h.queue] = h.name
         return self._handlers
+
+    def _add_inbox(self) -> None:
+        """The inbox middleware, once, before the pool forks (registration runs at import time)."""
+        if self.database is None:
+            raise ConfigurationError("once= needs Events(..., database='django' or an SQLAlchemy Engine): the inbox "
+                                     "that drops duplicates is a table of the application's database")
+        if self._inbox is None:
+            self._inbox = Inbox(self.database, lambda: {h.queue: h.once for h in self.handlers if h.once})
+            self._middleware.add(self._inbox)
 
     def health_check(self, *handlers: Callable[..., Any], interval_s: float = 10.0,
                      timeout_s: float = 10.0) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
@@ -259,7 +294,7 @@ class Events:
 
     def publish(
         self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None, correlation_id: str | None = None, delay: float = 0,
+        message_id: str | None = None, correlation_id: str | None = None, delay: float = 0, using: Any = None,
     ) -> Published:
         """Publish one JSON event to the events exchange; return its ``message_id`` (a :class:`Published`).
 
@@ -274,19 +309,39 @@ class Events:
         if published then -- never earlier, at most one ``publish_delay_unit_ms`` later.
         One that no queue is bound for when due waits in ``<exchange>.unrouted``. A
         delay beyond the ladder's reach raises :class:`~kombu_events.errors.DelayTooLongError`.
+
+        With ``outbox=True``, inside an open transaction of the service's database (Django: a
+        ``transaction.atomic()`` block; SQLAlchemy: the Session or Connection given as ``using=``,
+        or a ``once=True`` handler's own) the event is written to the outbox in that transaction
+        instead (``stored_locally`` True) and the relay publishes it after the commit.
         """
+        if self.outbox is not None:
+            transaction = self.outbox.transaction(using)
+            if transaction is not None:
+                return self.outbox.write(transaction, routing_key, payload, headers=headers, message_id=message_id,
+                                         correlation_id=correlation_id, delay=delay)
+        elif using is not None:
+            raise ConfigurationError("publish(..., using=...) needs Events(..., database=<Engine>, outbox=True)")
         return self.publishing.publish(routing_key, payload, headers=headers, message_id=message_id,
                                        correlation_id=correlation_id, delay=delay)
 
-    def publish_many(self, events: Iterable[tuple[str, Any]], *, delay: float = 0) -> list[Published]:
+    def publish_many(self, events: Iterable[tuple[str, Any]], *, delay: float = 0,
+                     using: Any = None) -> list[Published]:
         """Publish ``(routing_key, payload)`` pairs with pipelined confirms; raise on the first failure.
 
         All are published before any confirm is awaited, so a batch costs about one
         round trip. On error nothing says which of the others arrived: publish the
         batch again (events are at-least-once; handlers are idempotent). ``delay``
         as for :meth:`publish`, the same for every event of the batch. With a backlog,
-        events the broker cannot take now are stored locally (``stored_locally``).
+        events the broker cannot take now are stored locally (``stored_locally``). With
+        ``outbox=True`` inside an open transaction, each goes to the outbox as with :meth:`publish`.
         """
+        if self.outbox is not None:
+            transaction = self.outbox.transaction(using)
+            if transaction is not None:
+                return [self.outbox.write(transaction, key, payload, delay=delay) for key, payload in events]
+        elif using is not None:
+            raise ConfigurationError("publish_many(..., using=...) needs Events(..., database=<Engine>, outbox=True)")
         return self.publishing.publish_many(events, delay=delay)
 
     def event(self, routing_key: str) -> Callable[[Callable[..., Any]], Callable[..., Published]]:

@@ -83,6 +83,10 @@ class Counts(Protocol):
     def archive_depths(self) -> Mapping[str, int]:
         """Messages in the archive, by service."""
 
+    @property
+    def outbox(self) -> Mapping[str, tuple[int, float | None]]:
+        """(rows waiting, the oldest one's age in seconds or None) of each service's outbox."""
+
 
 class Families:
     """The collector of one ``PrometheusMetrics``'s counts, registered on its registry."""
@@ -92,7 +96,7 @@ class Families:
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without samples (for the registry's duplicate check)."""
-        return iter(_empty())
+        return iter([*_empty(), *_outbox_families()])
 
     def collect(self) -> Iterator[Metric]:
         """Every family, from a snapshot of the counts (the event loop may change them meanwhile)."""
@@ -115,7 +119,22 @@ class Families:
             ladder.add_metric([service, str(level)], ready)
         for service, ready in sorted(self.metrics.archive_depths.items()):
             archive.add_metric([service], ready)
-        return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled])
+        outbox_depth, outbox_age = _outbox_families()
+        for service, (depth, age) in sorted(self.metrics.outbox.items()):
+            outbox_depth.add_metric([service], depth)
+            outbox_age.add_metric([service], age or 0.0)
+        return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled,
+                     outbox_depth, outbox_age])
+
+
+def _outbox_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """The outbox's gauges (docs/effectively-once.md), read by the worker's relay every 5 s."""
+    return (
+        GaugeMetricFamily("kombu_events_outbox_depth", "Committed events waiting in the outbox for the relay "
+                          "(read by the worker's relay every 5 s).", labels=["service"]),
+        GaugeMetricFamily("kombu_events_outbox_oldest_age_seconds", "How long the oldest event in the outbox has "
+                          "waited; 0 when it is empty (read by the worker's relay every 5 s).", labels=["service"]),
+    )
 
 
 def _empty() -> tuple[Any, ...]:

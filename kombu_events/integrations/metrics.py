@@ -98,6 +98,8 @@ class PrometheusMetrics(Middleware):
         self.queues: dict[str, QueueStats] = {}
         self.ladder_depths: dict[tuple[str, int], int] = {}
         self.archive_depths: dict[str, int] = {}
+        #: (rows waiting, the oldest one's age in seconds or None) of each service's outbox, as its relay last read.
+        self.outbox: dict[str, tuple[int, float | None]] = {}
         # Publishing happens in pool processes too: a real Counter, kept in files in multiprocess mode.
         self.published = Counter("kombu_events_published", "Events published with events.publish/publish_many.",
                                  ["exchange", "status"], registry=self.registry)
@@ -170,6 +172,10 @@ class PrometheusMetrics(Middleware):
                 self.ladder_depths[(service, target.level)] = ready
             else:
                 self.archive_depths[service] = ready
+
+    def outbox_read(self, service: str, depth: int, oldest_age_s: float | None) -> None:
+        """The relay of ``service`` read its outbox (main process, the relay's thread)."""
+        self.outbox[service] = (depth, oldest_age_s)
 
     def _circuit_changed(self, sender: Any = None, queue: str = "", state: str = "", **kwargs: Any) -> None:
         if queue and state:

@@ -7,6 +7,7 @@ __all__ = ["EventsStep", "install", "OPTION", "METRICS_OPTION", "NO_DECLARE_OPTI
 import logging
 import ssl
 import sys
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -15,8 +16,8 @@ from amqp.exceptions import AccessRefused
 from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
-from .. import registry
-from ..broker import lenient_amqp as wire_guard
+from .. import database, registry
+from ..broker import green_writes, lenient_amqp as wire_guard
 from ..broker.connections import tls_options
 from ..core.config import resolve_metrics_settings
 from ..errors import ConfigurationError, TopologyMissingError
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 OPTION = "--with-events-step"
 METRICS_OPTION = "--events-metrics-port"
 NO_DECLARE_OPTION = "--events-no-declare"
+#: How often the worker's relay reads its outbox's depth for the metrics.
+OUTBOX_READ_S = 5.0
 
 
 class EventsStep(bootsteps.StartStopStep):
@@ -51,6 +54,7 @@ class EventsStep(bootsteps.StartStopStep):
         self.consumers: list[ServiceConsumer] = []
         self._sentry = False
         self.exporter: Any = None
+        self.relays: list[database.RelayThread] = []  # outbox relays and inbox pruning, one per database service
         if not self.enabled and events_metrics_port is not None:
             logger.warning("kombu-events: %s ignored without %s", METRICS_OPTION, OPTION)
         if not self.enabled and events_no_declare:
@@ -72,6 +76,8 @@ class EventsStep(bootsteps.StartStopStep):
             self.exporter = _serve_metrics(parent.app, services, events_metrics_port)
             command = _declare_command(services)
             self.consumers = [ServiceConsumer(e, declare_command=command(e)) for e in services]
+            self.relays = [r for r in (database.upkeep(e, on_pass=_outbox_gauges(self, e)) for e in services)
+                           if r is not None]
 
     def include(self, parent: Any) -> bool:
         """Include the step; with it on, Celery's delayed-delivery step (built by now) follows the connection."""
@@ -86,9 +92,13 @@ class EventsStep(bootsteps.StartStopStep):
         An exception goes on to Celery, named by service here: a connection error makes
         it reconnect and start the step again, any other error stops the worker.
         """
+        if self.consumers and getattr(c.pool, "is_green", False):  # handlers' greenlets settle on this connection
+            green_writes.serialize_writes(c.connection)
         for consumer in self.consumers:
             with _refusing("starting", consumer):
                 consumer.start(c.connection, c.pool, c.hub, call_soon=getattr(c, "call_soon", None))
+        for relay in self.relays:  # in this (main) process, once: a reconnect leaves a running relay alone
+            relay.start()
 
     def register_with_event_loop(self, c: Any, hub: Any) -> None:
         """Start receiving: the pool is ready to take work only from here on (errors as for :meth:`start`)."""
@@ -108,6 +118,8 @@ class EventsStep(bootsteps.StartStopStep):
         if self._sentry:  # a worker in a test's thread ends; the process goes on
             sentry.uninstall()
             self._sentry = False
+        for relay in self.relays:
+            relay.stop()
         if self.exporter is not None:
             self.exporter.close()
             self.exporter = None
@@ -197,6 +209,25 @@ def _verify_tls(app: Any) -> None:
                     "added (set them in broker_use_ssl to choose otherwise)",
                     ", ".join(f"{key}=ssl.{value.name}" if isinstance(value, ssl.VerifyMode) else f"{key}={value!r}"
                               for key, value in added.items()))
+
+
+def _outbox_gauges(step: EventsStep, events: Any) -> Callable[[], None] | None:
+    """After a relay pass, at most every 5 s: the outbox's depth and oldest row's age for the metrics (when served)."""
+    if getattr(events, "outbox", None) is None:
+        return None
+    due = [0.0]
+
+    def update() -> None:
+        if step.exporter is None or time.monotonic() < due[0]:
+            return
+        due[0] = time.monotonic() + OUTBOX_READ_S
+        readers = [m for m in events.hooks.middleware if hasattr(m, "outbox_read")]  # the worker's metrics
+        if readers:
+            found = database.status(events.database)
+            for reader in readers:
+                reader.outbox_read(events.service, found.depth, found.oldest_age_s)
+
+    return update
 
 
 def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:

@@ -1,0 +1,1 @@
+"""Migrations of the inbox and outbox tables."""
