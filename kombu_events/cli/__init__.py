@@ -2,7 +2,8 @@
 ``--broker``, ``--service``) and :func:`main`, the console-script entry point; the commands live in modules
 by what they are for (:mod:`.topology`: declare, migrate; :mod:`.inspect`: status, health, schedules;
 :mod:`.archive`: archive list/show/replay/purge; :mod:`.publish`: publish; :mod:`.backlog`: backlog
-status/flush; :mod:`.asyncapi`: the service's AsyncAPI document) and what they share in :mod:`.common`.
+status/flush; :mod:`.asyncapi`: the service's AsyncAPI document; :mod:`.console`: the failed-message
+console) and what they share in :mod:`.common`.
 
 Made for scripts too (docs/cli.md): ``--version``; ``--json`` on every command that reports or changes
 something, one document on stdout described by a JSON Schema shipped in ``schemas/``; and one exit-code
@@ -20,7 +21,7 @@ import click
 
 from ..broker import lenient_amqp
 from ..version import __version__
-from . import archive, asyncapi, backlog, inspect, permissions, publish, topology
+from . import archive, asyncapi, backlog, console, inspect, outbox, permissions, publish, topology
 from .common import ERROR, Context, examples
 
 
@@ -68,10 +69,12 @@ cli.add_command(inspect.health)
 cli.add_command(archive.archive)
 cli.add_command(publish.publish)
 cli.add_command(backlog.backlog)
+cli.add_command(outbox.outbox)
 cli.add_command(inspect.schedules)
 cli.add_command(topology.migrate_queues)
 cli.add_command(asyncapi.asyncapi)
 cli.add_command(permissions.permissions)
+cli.add_command(console.console)
 
 examples(cli,
          "kombu-events -A proj.events declare --dry-run   # the topology, without connecting",

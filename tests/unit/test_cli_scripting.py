@@ -43,12 +43,17 @@ SCHEMAS = {
     ("backlog", "status"): ["backlog-status"],
     ("backlog", "flush"): ["backlog-flush"],
     ("permissions",): ["permissions"],
+    ("outbox", "status"): ["outbox-status"],
+    ("outbox", "relay"): ["outbox-relay"],
+    ("outbox", "create-tables"): ["outbox-create-tables"],
 }
 
 #: Commands whose output is a document of a standard of its own, not a kombu-events report: no --json.
 STANDARD_DOCUMENTS = {("asyncapi",): "an AsyncAPI 3.0 document, --format json or yaml"}
+#: Commands that serve rather than report: no --json (the console's JSON API uses the archive schemas).
+SERVERS = {("console",): "the failed-message console"}
 LEAVES = {path: command for path, command in COMMANDS.items()
-          if not isinstance(command, click.Group) and path not in STANDARD_DOCUMENTS}
+          if not isinstance(command, click.Group) and path not in STANDARD_DOCUMENTS and path not in SERVERS}
 
 
 @pytest.fixture(autouse=True)
