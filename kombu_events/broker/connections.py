@@ -11,11 +11,13 @@ WARNING.
 """
 from __future__ import annotations
 
-__all__ = ["broker_connection", "connection_options", "tls_options", "unreachable", "failure_reason"]
+__all__ = ["broker_connection", "connected", "connection_options", "tls_options", "unreachable",
+           "failure_reason"]
 
 import logging
 import ssl
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from kombu import Connection
 from kombu.utils.url import parse_url
@@ -47,6 +49,22 @@ def broker_connection(url: str, app: Any = None, *, connect_timeout: float | Non
     """
     return Connection(url, **connection_options(url, getattr(app, "conf", None), connect_timeout=connect_timeout,
                                                 heartbeat=heartbeat))
+
+
+@contextmanager
+def connected(url: str, app: Any = None) -> Iterator[Connection]:
+    """A connected :func:`broker_connection`, released on leaving; an unreachable broker: one clear error
+    (:class:`~kombu_events.errors.BrokerUnavailableError`, the URL without its password)."""
+    conn = broker_connection(url, app)
+    try:
+        conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        conn.release()
+        raise unreachable(url, exc) from exc
+    try:
+        yield conn
+    finally:
+        conn.release()
 
 
 def connection_options(url: str, conf: Any = None, *, connect_timeout: float | None = None,

@@ -9,15 +9,15 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from importlib import resources
-from typing import Any, Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 import click
 from kombu import Connection
 
 from .. import registry
-from ..broker.connections import broker_connection, unreachable
+from ..broker.connections import connected
 from ..core.config import broker_url
 from ..core.logs import safe_text
 from ..errors import KombuEventsError
@@ -56,19 +56,9 @@ class Context:
         """The ``-A`` app (its broker settings: ``broker_use_ssl``, ...), or None without ``-A``."""
         return self.events.app if self.app_name else None
 
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
+    def connection(self) -> AbstractContextManager[Connection]:
         """A connected kombu Connection with the app's broker settings; an unreachable broker: one clear error."""
-        conn = broker_connection(self.url, self.app)
-        try:
-            conn.ensure_connection(max_retries=1)
-        except Exception as exc:
-            conn.release()
-            raise unreachable(self.url, exc) from exc
-        try:
-            yield conn
-        finally:
-            conn.release()
+        return connected(self.url, self.app)
 
 
 def _select(app_name: str | None, service: str | None) -> Any:

@@ -15,13 +15,13 @@ __all__ = ["Service", "Snapshot"]
 import logging
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from kombu import Connection
 
-from ..broker.connections import broker_connection, unreachable
+from ..broker.connections import connected
 from ..core.logs import safe_url
 from ..ops.archive import ArchivedMessage, browse
 from ..ops.status import QueueStatus, gather
@@ -65,19 +65,9 @@ class Service:
         """The broker URL with its password masked: the only form the console ever shows."""
         return safe_url(self.url)
 
-    @contextmanager
-    def connection(self) -> Iterator[Connection]:
+    def connection(self) -> AbstractContextManager[Connection]:
         """A connected connection with the app's broker settings (TLS included); unreachable: one clear error."""
-        conn = broker_connection(self.url, getattr(self.events, "app", None))
-        try:
-            conn.ensure_connection(max_retries=1)
-        except Exception as exc:
-            conn.release()
-            raise unreachable(self.url, exc) from exc
-        try:
-            yield conn
-        finally:
-            conn.release()
+        return connected(self.url, getattr(self.events, "app", None))
 
     def status(self) -> list[QueueStatus]:
         """Counts of every queue of the service (passive declares; unacked from the management API)."""

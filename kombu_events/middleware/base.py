@@ -178,7 +178,25 @@ class Hooks:
         (the runner's ``call`` returns when the handler started: a skipped one starts now);
         ``Retry`` or ``Archive`` from a context propagates, once the contexts entered are left.
         """
-        entered = []
+        entered = self.enter(event)
+        if entered is None:
+            return skipped()  # type: ignore[no-any-return]
+        try:
+            result = call()
+        except BaseException as exc:
+            self.leave(entered, exc)
+            raise
+        self.leave(entered, None)
+        return result
+
+
+    def enter(self, event: Event) -> list[AbstractContextManager[Any]] | None:
+        """Enter every ``handling(event)`` context (the first half of :meth:`around`, for the async path too).
+
+        Returns the contexts entered, or None when one raised :class:`Handled` (the handler is
+        skipped; the others are left already). ``Retry`` or ``Archive`` propagates, the others left.
+        """
+        entered: list[AbstractContextManager[Any]] = []
         for m in self.on_handling:
             try:
                 context = m.handling(event)
@@ -187,20 +205,23 @@ class Hooks:
             except (Handled, Retry, Archive) as exc:
                 _exit_all(entered, None, None, None)
                 if isinstance(exc, Handled):
-                    return skipped()  # type: ignore[no-any-return]
+                    return None
                 raise
             except Exception:
                 logger.exception("kombu-events: middleware %r failed entering handling() for message %r of %s; "
                                  "skipped", m, event.message_id, event.queue)
-        try:
-            result = call()
-        except BaseException as exc:
+        return entered
+
+    @staticmethod
+    def leave(entered: list[AbstractContextManager[Any]], exc: BaseException | None) -> None:
+        """Leave the contexts :meth:`enter` entered, innermost first, after the handler raised ``exc`` (or None);
+        a ``Retry`` or ``Archive`` raised by one on leaving after a success propagates."""
+        if exc is not None:
             _exit_all(entered, type(exc), exc, exc.__traceback__)
-            raise
+            return
         steering = _exit_all(entered, None, None, None)
         if steering is not None:
             raise steering
-        return result
 
 
 def _first_outcome(middleware: tuple[Middleware, ...], hook: str, argument: Any) -> Outcome | None:

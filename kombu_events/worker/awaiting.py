@@ -20,9 +20,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
-from ..errors import Archive, Retry
-from ..middleware.base import Handled, _exit_all
-
 if TYPE_CHECKING:
     from ..core.event import Event
     from ..middleware.base import Hooks
@@ -126,27 +123,14 @@ async def around(hooks: Hooks, event: Event[Any], call: Callable[[], Awaitable[f
     logged and skipped, ``Handled`` on entering skips the handler, ``Retry``/``Archive``
     from a context end the attempt, the handler's exception always propagates.
     """
-    entered = []
-    for m in hooks.on_handling:
-        try:
-            context = m.handling(event)
-            context.__enter__()
-            entered.append(context)
-        except (Handled, Retry, Archive) as exc:
-            _exit_all(entered, None, None, None)
-            if isinstance(exc, Handled):
-                return time.perf_counter()  # skipped: the handler "started" now and took no time
-            raise
-        except Exception:
-            logger.exception("kombu-events: middleware %r failed entering handling() for message %r of %s; "
-                             "skipped", m, event.message_id, event.queue)
+    entered = hooks.enter(event)
+    if entered is None:
+        return time.perf_counter()  # skipped: the handler "started" now and took no time
     try:
         started = await call()
     except BaseException as exc:
-        _exit_all(entered, type(exc), exc, exc.__traceback__)
+        hooks.leave(entered, exc)
         raise
-    steering = _exit_all(entered, None, None, None)  # mirrors Hooks.around: keep the two in step
-    if steering is not None:
-        raise steering
+    hooks.leave(entered, None)
     return started
 
