@@ -8,22 +8,22 @@ import pytest
 from .harness import Project
 from .private_broker import PrivateBroker
 
-#: Modules whose tests run one after another in one pytest-xdist process (scripts/test runs two): the ones
-#: that lean on timing (faults, breakers, periods, green pools, crash accounting) or start private nodes
-#: (one at a time on a 2-core machine). The others are spread over both processes, one test at a time.
+#: Modules whose tests lean on timing (faults, breakers, periods, a cluster, green pools, crash accounting) or
+#: start private nodes: marked ``heavy``, they run after the rest, one at a time, with nothing beside them
+#: (scripts/test runs the others in two processes at once).
 HEAVY = frozenset({
     "test_everything_on", "test_cluster", "test_faults", "test_backlog", "test_breaker", "test_periodic",
     "test_tls", "test_no_secret_shown", "test_console_10k", "test_inbox_crashes", "test_green_pools",
 })
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
 def pytest_collection_modifyitems(items):
-    """Group the HEAVY modules' tests for ``--dist loadgroup`` (a no-op without pytest-xdist)."""
+    """Mark the HEAVY modules' tests ``heavy``."""
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and module.__name__.rsplit(".", 1)[-1] in HEAVY:
-            item.add_marker(pytest.mark.xdist_group("heavy"))
+            item.add_marker(pytest.mark.heavy)
 
 
 @pytest.fixture

@@ -223,6 +223,8 @@ def consumer_prefetch(broker_url: str) -> dict[str, list[int]]:
                           "queue_name", "prefetch_count"], capture_output=True, text=True, check=True).stdout
     found: dict[str, list[int]] = {}
     for line in out.splitlines():
+        if "\t" not in line:  # e.g. a consumer of another test's queue whose name has a line break in it
+            continue
         name, prefetch = line.rsplit("\t", 1)
         found.setdefault(name, []).append(int(prefetch))
     return found

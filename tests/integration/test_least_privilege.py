@@ -138,8 +138,13 @@ def test_a_runtime_user_without_configure_runs_a_worker_declared_by_a_deploy_use
         assert "ACCESS_REFUSED" in refused.log and "permissions` prints" in refused.log, refused.log[-3000:]
         assert "Traceback" not in refused.log, refused.log[-3000:]
         # (the schedule's seeder, which runs before consuming starts, may have sent a token: runs dedupe them)
+        # A message of a queue the worker subscribed before the refused one may have run meanwhile: its ack
+        # died with the closed channel, so it is back in its queue, and its retry copy (if it failed) may be
+        # there too: at least once, never fewer.
         events = [f"{project.service}.{name}" for name in ("work", "later", "doomed", "archive")]
-        assert [totals(guest_url, project.service)[q] for q in events] == [before[q] for q in events]
+        now = totals(guest_url, project.service)
+        assert all(now[q] >= before[q] for q in events), ([now[q] for q in events], [before[q] for q in events])
+        assert now[f"{project.service}.archive"] == before[f"{project.service}.archive"]
     finally:
         for w in project.workers:
             w.kill()

@@ -269,6 +269,27 @@ def checked(outputs: Outputs, project: Project, args: tuple[str, ...], result: s
     return result
 
 
+def check_console(outputs: Outputs, project: Project, a: tuple[str, ...], archived_id: str) -> None:
+    """``kombu-events console`` at DEBUG: every page and JSON answer it serves, then its own output, searched."""
+    port = free_port()
+    log = project.dir / "console.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", DEBUG_CLI, *a, "console", "--port", str(port)],
+                                cwd=project.dir, env=project.env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: http_get(port, "/")[0] == 200 or proc.poll() is not None, 30, what="the console answers")
+        assert proc.poll() is None, log.read_text()[-3000:]
+        for path in ("/", "/failures", f"/events/{quote(archived_id)}", "/audit", "/api/archive",
+                     f"/api/archive/{quote(archived_id)}", "/purge"):
+            status, body = http_get(port, path)
+            assert status == 200, (path, status, body[:500])
+            outputs.check(f"-A <app> console: GET {path}", body)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    outputs.check_file("-A <app> console: its output at DEBUG", log)
+
+
 def listed_commands(outputs: Outputs, project: Project) -> list[str]:
     """Every command ``kombu-events --help`` lists (``archive list``, ... for the groups); their --help searched too."""
     def listed(*group: str) -> list[str]:
@@ -278,7 +299,7 @@ def listed_commands(outputs: Outputs, project: Project) -> list[str]:
 
     commands = []
     for command in listed():
-        sub = listed(command) if command in ("archive", "backlog") else []
+        sub = listed(command) if command in ("archive", "backlog", "outbox") else []
         commands += [f"{command} {s}" for s in sub] or [command]
     return commands
 
@@ -373,6 +394,10 @@ def scenario(outputs: Outputs, canary: Canary, make, tmp_path: Path) -> None:
                  ("archive", "replay", "--dry-run", "--json"), ("archive", "purge", "--dry-run"),
                  ("archive", "purge", "--dry-run", "--json")):
         check_cli(outputs, project, *a, *args, codes=(0, 2))
+    check_console(outputs, project, a, archived[0]["id"])
+    # This app has no database: each outbox command ends with one line saying so (connection paths: test_inbox_crashes).
+    check_cli_many(outputs, project, [(*a, "outbox", "status"), (*a, "outbox", "status", "--json"),
+                                      (*a, "outbox", "relay"), (*a, "outbox", "create-tables")], codes=(1,))
     check_cli(outputs, project, *a, "--broker", canary.url, "status", "--json",
               label="-A <app> --broker <url> status --json")
     check_cli(outputs, project, "--broker", canary.wrong_url, "backlog", "flush", "--path", str(backlog), "--timeout",
