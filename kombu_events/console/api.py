@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..ops.archive import ArchivedMessage, purge, replay as replay_now
+from ..ops.archive import ArchivedMessage, replay as replay_now
 from .audit import stamp
 from .common import guarded, selection, service_of
 from .reading import Service
@@ -97,14 +97,7 @@ async def api_purge(request: Request) -> Response:
     if body.get("dry_run"):
         return JSONResponse({"dry_run": True, "matched": len(chosen), "purged": 0,
                              "messages": [_entry(m, "would_purge") for m in chosen]})
-    ids = {m.id for m in chosen}
-
-    def run() -> list[ArchivedMessage]:
-        with service.connection() as conn:
-            return purge(conn, service.topology, lambda m: m.id in ids)
-
-    removed = await run_in_threadpool(run)
-    service.forget()
+    removed = await run_in_threadpool(service.purge, {m.id for m in chosen})
     request.app.state.audit.record(principal.name, principal.role, "purge", len(removed),
                                    query=body.get("q", ""), via="api")
     return JSONResponse({"dry_run": False, "matched": len(removed), "purged": len(removed),

@@ -23,7 +23,7 @@ from kombu import Connection
 
 from ..broker.connections import connected
 from ..core.logs import safe_url
-from ..ops.archive import ArchivedMessage, browse
+from ..ops.archive import ArchivedMessage, browse, purge
 from ..ops.status import QueueStatus, gather
 
 logger = logging.getLogger(__name__)
@@ -92,3 +92,10 @@ class Service:
         """Drop the snapshot: the next page reads the archive again (after a replay or a purge)."""
         with self._lock:
             self._snapshot = None
+
+    def purge(self, ids: set[str]) -> list[ArchivedMessage]:
+        """Delete the archived messages with these ids (those still there); forget the snapshot; what went."""
+        with self.connection() as conn:
+            removed = purge(conn, self.topology, lambda m: m.id in ids)
+        self.forget()
+        return removed

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from ..ops.archive import ArchivedMessage, purge, replay as replay_now
+from ..ops.archive import ArchivedMessage, replay as replay_now
 from . import api, query as search
 from .audit import stamp
 from .common import guarded, page, selection, service_of
@@ -150,14 +150,7 @@ async def purge_page(request: Request) -> Response:
     if request.method == "GET" or changed:
         return page(request, "purge.html", q=text, before=before, count=len(chosen), changed=changed,
                      queues=sorted({m.queue for m in chosen}))
-    ids = {m.id for m in chosen}
-
-    def run() -> list[ArchivedMessage]:
-        with service.connection() as conn:
-            return purge(conn, service.topology, lambda m: m.id in ids)
-
-    removed = await run_in_threadpool(run)
-    service.forget()
+    removed = await run_in_threadpool(service.purge, {m.id for m in chosen})
     principal = request.state.principal
     request.app.state.audit.record(principal.name, principal.role, "purge", len(removed), query=text, before=before)
     return page(request, "purged.html", count=len(removed), q=text)
