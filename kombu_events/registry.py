@@ -15,7 +15,7 @@ from functools import cached_property, partial
 from typing import Any, Callable
 
 from .core.codec import MAX_BODY_BYTES, decode
-from .core.handlers import Handler
+from .core.handlers import Handler, awaits
 from .middleware.base import Hooks
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ class Route:
     def decode(self) -> Callable[[bytes, str | None, str | None], Any]:
         """``decode(body, content_type, content_encoding)`` with this route's accepted types, made once."""
         return partial(decode, accept=self.accept)
+
+    @cached_property
+    def awaits(self) -> bool:
+        """Whether the handler is ``async def`` (awaited on the pool's event loop), found once."""
+        return awaits(self.handler.fn)
 
 
 #: Every ``Events`` created in this process, in creation order.

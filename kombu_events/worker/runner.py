@@ -22,7 +22,6 @@ from ..core import decision
 from ..core.codec import decompress
 from ..core.envelopes import Envelope, unwrap
 from ..core.event import Event
-from ..core.handlers import awaits
 from ..errors import Archive, DecodeError, InvalidPayload
 from ..registry import Route
 from . import awaiting
@@ -121,7 +120,7 @@ class _Call:
                  payload: Any, event: Event[Any] | None, final: bool) -> None:
         self.route, self.queue, self.meta, self.body, self.envelope = route, queue, meta, body, envelope
         self.payload, self.event, self.final = payload, event, final
-        self.awaits = _awaits(route)
+        self.awaits = route.awaits
 
     @property
     def argument(self) -> Any:
@@ -287,16 +286,6 @@ async def _awaited(result: Any) -> None:
         _ran(result)
 
 
-def _awaits(route: Route) -> bool:
-    """Whether ``route``'s handler is awaited (asked once per route: inspecting a callable costs a microsecond)."""
-    cached = _awaiting.get(id(route))
-    if cached is None or cached[0] is not route:
-        cached = _awaiting[id(route)] = (route, awaits(route.handler.fn))
-    return cached[1]
-
-
-#: id(route) -> (route, whether its handler is awaited); the route is kept so its id is not reused.
-_awaiting: dict[int, tuple[Route, bool]] = {}
 #: A placeholder in run_batch's list until the gathered coroutines are done.
 _NOT_AWAITED = decision.Outcome(decision.LOST, "not awaited")
 
