@@ -85,14 +85,14 @@ class Scenario(Faults):
     """The everything-on service on ``broker`` (in a vhost of its own), its worker, its faults and its ledger."""
 
     def __init__(self, broker: PrivateBroker, directory: Path, *, pool: str, seed: str, events: int = 2000,
-                 log: Callable[[str], None] = print) -> None:
+                 queue_type: str = "classic", log: Callable[[str], None] = print) -> None:
         self.broker, self.dir, self.pool, self.seed, self.events = broker, directory, pool, seed, events
         self.concurrency = 2 if pool == "prefork" else 1
         self.vhost, self.service, self.exchange = unique("everything"), unique("svc"), unique("ex")
         self.records_dir = directory / "records"
         self.records_dir.mkdir(parents=True, exist_ok=True)
         self.records = Records(self.records_dir)
-        self.ledger = Ledger(handler_queues={f"{self.service}.{h}" for h in HANDLERS})
+        self.ledger = Ledger(handler_queues={f"{self.service}.{h}" for h in HANDLERS}, queue_type=queue_type)
         self.workers: list[Worker] = []  # harness.Worker numbers its log after this list
         self.worker: Worker | None = None
         self.metrics_port = 0
@@ -116,7 +116,8 @@ class Scenario(Faults):
         self._vhost_added = True
         self.broker.ctl(1, "set_permissions", "-p", self.vhost, "guest", ".*", ".*", ".*")
         self.proxy = SilentProxy(("127.0.0.1", self.broker.ports[0]))
-        self.note(f"vhost {self.vhost}, service {self.service}, pool {self.pool}, proxy port {self.proxy.port}")
+        self.note(f"vhost {self.vhost}, service {self.service}, pool {self.pool}, {self.ledger.queue_type} queues, "
+                  f"proxy port {self.proxy.port}")
         with self._lock:
             self._start_worker()
         self._watching.set()
@@ -148,7 +149,7 @@ class Scenario(Faults):
         env.update(EVERYTHING_SERVICE=self.service, EVERYTHING_EXCHANGE=self.exchange,
                    EVERYTHING_BROKER=self.proxy.url(self.direct_url), EVERYTHING_PUBLISH_URL=self.direct_url,
                    EVERYTHING_RECORDS=str(self.records_dir), EVERYTHING_SEED=self.seed,
-                   EVERYTHING_FAIL_PERCENT=str(FAIL_PERCENT))
+                   EVERYTHING_FAIL_PERCENT=str(FAIL_PERCENT), EVERYTHING_QUEUE_TYPE=self.ledger.queue_type)
         return env
 
     def note(self, what: str) -> None:

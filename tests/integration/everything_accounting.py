@@ -48,6 +48,10 @@ class Ledger:
     last_fault_end: float = 0.0
     #: The service's handler queues (the metrics are compared on these).
     handler_queues: set[str] = field(default_factory=set)
+    #: The service's queue type: classic queues dead-letter at most once (docs/failures.md).
+    queue_type: str = "classic"
+    #: (time.time() as the broker began to stop, as it served again) of each broker restart.
+    broker_stops: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -123,6 +127,8 @@ def account(ledger: Ledger, records: dict[str, list[dict[str, Any]]], archived: 
     ok = [c for c in calls if c["ok"] and c["id"] in mine]
     handled = {c["id"] for c in ok}
     lost = ledger.expected - handled
+    in_ladder = dead_lettered_at_a_stop(ledger, hooks, lost)
+    lost -= set(in_ladder)
     archived_set = set(archived)
     figures: dict[str, Any] = {
         "events sent": ledger.sent, "expected handled (derived events included)": len(ledger.expected),
@@ -135,8 +141,12 @@ def account(ledger: Ledger, records: dict[str, list[dict[str, Any]]], archived: 
     }
     if ledger.republished_chunks:
         figures["chunks the publisher sent again"] = ledger.republished_chunks
+    if in_ladder:
+        figures["lost by the broker's dead-lettering at a stop (classic queues, docs/failures.md)"] = \
+            f"{len(in_ladder)}: {_sample(set(in_ladder))}"
     if lost:
         problems.append(f"{len(lost)} events never handled: {_sample(lost)}")
+        problems += [f"history of {i}: {_history(hooks, calls, i)}" for i in sorted(lost)[:5]]
     if ledger.poison - archived_set:
         problems.append(f"{len(ledger.poison - archived_set)} poison events not in the archive: "
                         f"{_sample(ledger.poison - archived_set)}")
@@ -157,6 +167,44 @@ def account(ledger: Ledger, records: dict[str, list[dict[str, Any]]], archived: 
     if metrics is not None:
         problems += _metrics(ledger, hooks, metrics)
     return Report(figures, problems)
+
+
+#: Seconds around a broker stop in which a message expiring in a classic delay queue may be dropped.
+STOP_MARGIN_S = 1.0
+
+
+def dead_lettered_at_a_stop(ledger: Ledger, hooks: list[dict[str, Any]], lost: set[str]) -> list[str]:
+    """Of ``lost``, the ids the broker itself dropped, as docs/failures.md says classic queues may.
+
+    Only with classic queues, and only an id whose last trace is a republish into the delay
+    ladder (confirmed, then acked: the ``settled`` hook of a retry or requeue) that was
+    waiting in the ladder while the broker stopped (give or take ``STOP_MARGIN_S``), and
+    that no worker received again. Anything else lost is a bug of ours.
+    """
+    if ledger.queue_type != "classic" or not ledger.broker_stops:
+        return []
+    last: dict[str, dict[str, Any]] = {}
+    for h in hooks:
+        if h.get("id") in lost and h["hook"] in ("received", "settled"):
+            last[h["id"]] = h
+    found = []
+    for message_id, h in sorted(last.items()):
+        if h["hook"] != "settled" or h["action"] not in ("retry", "requeue"):
+            continue
+        waiting = (h["t"], h["t"] + (h.get("delay_ms") or 0) / 1000)
+        if any(waiting[0] <= end + STOP_MARGIN_S and waiting[1] >= start - STOP_MARGIN_S
+               for start, end in ledger.broker_stops):
+            found.append(message_id)
+    return found
+
+
+def _history(hooks: list[dict[str, Any]], calls: list[dict[str, Any]], message_id: str) -> str:
+    """What the records say happened to ``message_id``, in order (for a lost event's report)."""
+    rows = sorted((r["t"], kind, r) for kind, rows in (("hook", hooks), ("call", calls))
+                  for r in rows if r.get("id") == message_id)
+    return "; ".join(f"{t:.3f} {r.get('hook') or ('ok' if r.get('ok') else 'failed')} pid {r.get('pid')} "
+                     f"attempt {r.get('attempt')} {r.get('action', '')} {r.get('delay_ms', '')}".rstrip()
+                     for t, kind, r in rows) or "no trace at all"
 
 
 def _hooks(ledger: Ledger, hooks: list[dict[str, Any]], calls: list[dict[str, Any]],

@@ -99,7 +99,7 @@ class HookCounter(Middleware):
 
     def settled(self, delivery: Any, outcome: Any, step: Any) -> None:
         self.record("hooks", hook="settled", id=delivery.message_id, queue=delivery.queue,
-                    attempt=delivery.attempt, action=step.action, outcome=outcome.kind)
+                    attempt=delivery.attempt, action=step.action, outcome=outcome.kind, delay_ms=step.delay_ms)
 
     def after_publish(self, exchange: str, routing_key: str, properties: Any, error: Exception | None) -> None:
         self.record("hooks", hook="after_publish", id=properties.get("message_id"),
@@ -159,17 +159,20 @@ def _sentry(record: Recorder) -> None:
 
 
 def configure(app: Celery, *, service: str, exchange: str, publish_url: str, records: str, seed: str,
-              fail_percent: int) -> Events:
+              fail_percent: int, queue_type: str = "classic") -> Events:
     """The service on ``app``: handlers, schedule, middleware, Sentry; a backlog publisher beside it."""
     record = Recorder(records)
     app.conf.broker_heartbeat = HEARTBEAT_S
     app.conf.broker_connection_retry_on_startup = True
     app.conf.broker_connection_max_retries = None  # a worker keeps trying: its exits are what is counted
     app.conf.task_default_queue = f"{service}.tasks"
+    if queue_type == "quorum":
+        app.conf.task_default_queue_type = "quorum"  # the library refuses quorum events beside classic task queues
     _sentry(record)
     counter = HookCounter(record)
-    settings: dict[str, Any] = {"exchange": exchange, "broker": publish_url, "delay_unit_ms": 100,
-                                "delay_levels": 10, "publish_delay_unit_ms": 100, "publish_delay_levels": 8}
+    settings: dict[str, Any] = {"exchange": exchange, "broker": publish_url, "queue_type": queue_type,
+                                "delay_unit_ms": 100, "delay_levels": 10, "publish_delay_unit_ms": 100,
+                                "publish_delay_levels": 8}
     events = Events(app, service, middleware=[counter, _tracing(record)], max_retries=10,
                     backoff=Constant(every_ms=200), **settings)
     # Another app: Events registers its services per app, and this one consumes nothing.
@@ -249,4 +252,5 @@ if "EVERYTHING_SERVICE" in os.environ:  # imported by the worker
     app = Celery(os.environ["EVERYTHING_SERVICE"], broker=os.environ["EVERYTHING_BROKER"])
     events = configure(app, service=os.environ["EVERYTHING_SERVICE"], exchange=os.environ["EVERYTHING_EXCHANGE"],
                        publish_url=os.environ["EVERYTHING_PUBLISH_URL"], records=os.environ["EVERYTHING_RECORDS"],
-                       seed=os.environ["EVERYTHING_SEED"], fail_percent=int(os.environ["EVERYTHING_FAIL_PERCENT"]))
+                       seed=os.environ["EVERYTHING_SEED"], fail_percent=int(os.environ["EVERYTHING_FAIL_PERCENT"]),
+                       queue_type=os.environ.get("EVERYTHING_QUEUE_TYPE", "classic"))

@@ -110,6 +110,7 @@ class Faults:
         self.broker.stop_app()
         time.sleep(BROKER_DOWN_S)
         self.broker.start_app()
+        self.ledger.broker_stops.append((since, time.time()))
         self.note(f"broker restarted (down {time.time() - since:.1f} s)")
         self._await_consuming(since, "after the broker restart")
 
