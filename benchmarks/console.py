@@ -140,7 +140,7 @@ def replay_with_restart(web: TestClient, broker: PrivateBroker, service: Seeded,
     took = time.perf_counter() - started
     print(f"replay job with a restart: {done['state']}, {done['replayed']:,} replayed in {took:.1f} s "
           f"({done['replayed'] / took:,.0f} msg/s, the restart included); reconnects {done['reconnects']}, "
-          f"originals acked again {done['acked_again']}, copies sent again after a lost confirm {done['resent']}")
+          f"commits {done['commits']}")
     _count(service, ids)
 
 

@@ -1,7 +1,7 @@
 """The ``archive`` command group, for the messages whose handler gave up: ``list`` and ``show`` read them
 (they stay in the archive), ``replay`` puts them back into their queue with the attempt counter reset
-(confirmed, at-least-once; exit 1 when some stay archived) and ``purge`` deletes them for good (only with
-``--yes``; ``--dry-run`` shows what would go).
+(in transactions: each sent once or kept; exit 1 when some stay archived) and ``purge`` deletes them for
+good (only with ``--yes``; ``--dry-run`` shows what would go).
 
 ``list``, ``replay`` and ``purge`` select alike (:func:`_selection`): the archive's messages in order, those
 of ``--queue`` and ``--routing-key`` (a key, or a topic pattern matched as RabbitMQ matches a binding), at most
@@ -101,7 +101,7 @@ examples(archive_show,
 @guarded
 def archive_replay(obj: Context, queue: str | None, routing_key: str | None, limit: int | None,
                    dry_run: bool, as_json: bool) -> None:
-    """Put archived messages back into their queue, attempt counter reset (confirmed, at-least-once)."""
+    """Put archived messages back into their queue, attempt counter reset (in transactions: sent once, or kept)."""
     match = _selection(queue, routing_key)
     with obj.connection() as conn:
         if dry_run:

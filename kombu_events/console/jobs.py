@@ -1,16 +1,16 @@
 """Replays run as jobs: in a thread of their own, with progress, a rate limit, and a cancel button.
 
 A job replays the ids the operator selected when starting it, through
-:func:`kombu_events.ops.archive.replay` (the ``archive replay`` command's function): each copy
-is published with confirms and its archived original acked only once the broker confirmed the
-copy. Failures archived while the job runs have other ids: they are shown, never mixed in.
-Cancelling stops the selection; what was already sent is confirmed and acked, the rest stays
-in the archive.
+:func:`kombu_events.ops.archive.replay` (the ``archive replay`` command's function): copies
+are sent, and their archived originals acked, in AMQP transactions, so both take effect at
+a commit or neither does. Failures archived while the job runs have other ids: they are
+shown, never mixed in. Cancelling stops the selection; what was already sent is committed,
+the rest stays in the archive.
 
 A lost connection (the broker restarted) does not end a job: it connects again, a bounded
-number of times, and goes on with one :class:`~kombu_events.ops.archive.ReplayProgress`, so
-that an original whose copy the broker confirmed but whose ack was lost is acked, not sent
-again (docs/console.md says what is guaranteed).
+number of times, and reads the archive again; what it finds there is exactly what was not
+committed, so nothing is sent twice (docs/console.md says what is guaranteed). One
+:class:`~kombu_events.ops.archive.ReplayProgress` counts over every connection.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ class Job:
 
     @property
     def replayed(self) -> int:
-        """Copies the broker confirmed so far (their originals acked), over every connection of the job."""
+        """Copies committed so far (their originals removed from the archive with them), over every connection."""
         return self.progress.copies_confirmed
 
     @property
@@ -79,8 +79,7 @@ class Job:
         """JSON-friendly progress."""
         return {"id": self.id, "actor": self.actor, "state": self.state, "total": self.total, "sent": self.sent,
                 "replayed": self.replayed, "kept": [{"id": i, "why": w} for i, w in self.kept],
-                "reconnects": self.reconnects, "acked_again": self.progress.acked_again,
-                "resent": len(self.progress.resent),
+                "reconnects": self.reconnects, "commits": self.progress.commits,
                 "to_queue": self.to_queue, "rate_per_s": self.rate_per_s, "query": self.query,
                 "error": self.error}
 
@@ -132,7 +131,7 @@ class Jobs:
         return job
 
     def cancel(self, job: Job, actor: str, role: str) -> None:
-        """Stop selecting more messages; those already sent are confirmed and acked."""
+        """Stop selecting more messages; those already sent are committed (copies and acks together)."""
         if not job.finished:
             job.cancel.set()
             self.audit.record(actor, role, "cancel", job.total - job.sent, job=job.id)
@@ -181,5 +180,5 @@ class Jobs:
             job.finished_at = time.time()
             self.service.forget()
             self.audit.record(job.actor, job.role, "replay finished", job.replayed, job=job.id, state=job.state,
-                              kept=len(job.kept), reconnects=job.reconnects, acked_again=job.progress.acked_again,
-                              resent=len(job.progress.resent), error=job.error or None)
+                              kept=len(job.kept), reconnects=job.reconnects, commits=job.progress.commits,
+                              error=job.error or None)

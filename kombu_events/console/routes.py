@@ -131,7 +131,7 @@ async def job(request: Request) -> Response:
 
 
 async def cancel(request: Request) -> Response:
-    """Cancel a replay job (POST): nothing more is selected; what was sent is confirmed and acked."""
+    """Cancel a replay job (POST): nothing more is selected; what was sent is committed."""
     jobs = request.app.state.jobs
     found = jobs.get(request.path_params["job_id"])
     if found is not None:

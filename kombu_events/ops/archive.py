@@ -2,10 +2,11 @@
 
 Messages are read with ``basic_get`` (replay and browse: a consumer) and no ack; what is
 not acked goes back to the archive when the channel closes (in its place, a crash of the
-process included). Replay republishes (mandatory, confirmed) through the delivery exchange, addressed to the
-original queue, and acks the archived copy only once the broker confirmed the replayed
-one. A selective purge acks the messages that match and nothing else: the others go
-back when the channel closes, as after a listing.
+process included). Replay republishes (mandatory) through the delivery exchange, addressed
+to the original queue, and acks the archived original in the same AMQP transaction: copy
+and ack take effect together, at the commit, or neither does. A selective purge acks the
+messages that match and nothing else: the others go back when the channel closes, as
+after a listing.
 
 Every operation selects alike: the archive's messages in order, those that ``match``,
 at most ``limit`` of them (:func:`read` finds what :func:`replay` or :func:`purge`
@@ -18,18 +19,16 @@ __all__ = ["ArchivedMessage", "ReplayProgress", "read", "browse", "replay", "pur
 
 import hashlib
 import logging
-import select
 import socket
+import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
-from functools import partial
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from amqp import Message
 
-from ..broker.confirms import Confirmer
-from ..broker.declare import queue_counts
+from ..broker.declare import peek_queue, queue_counts
 from ..core import headers as wire
 from ..core.topology import Topology
 
@@ -152,33 +151,23 @@ def browse(connection: Any, topology: Topology, limit: int = 100_000, idle_s: fl
 
 @dataclass
 class ReplayProgress:
-    """What one replay learned, kept across connections: so that a broker restart duplicates nothing it confirmed.
+    """What one replay did, counted across connections (the console's job shows it).
 
-    An archived message is identified by its message id (:func:`message_key`) *and* the
-    ``kombu-events-archived-at`` header the worker stamped when it archived it: an original
-    whose copy the broker confirmed, but whose ack was lost with the connection, comes back
-    to the archive with both unchanged, and is then acked without being sent again; a
-    message with the same id archived at another time is another failure (a copy that
-    failed again, a publisher that reuses ids), never taken for it.
+    Nothing else needs remembering across a lost connection: copies and the acks of their
+    originals take effect together, at a commit (:func:`replay`), so the archive read again
+    holds exactly the messages whose copies were not sent.
     """
 
-    #: message id -> archived-at of each original whose copy the broker confirmed.
-    confirmed: dict[str, set[str]] = field(default_factory=dict)
-    #: message id -> archived-at of copies published but not confirmed when a connection was lost.
-    in_doubt: dict[str, str] = field(default_factory=dict)
-    #: Copies the broker confirmed (their originals acked), over every connection.
+    #: Copies committed (their originals removed from the archive in the same commit), over every connection.
     copies_confirmed: int = 0
-    #: Originals back in the archive after their copy was confirmed: acked, not sent again.
-    acked_again: int = 0
-    #: Ids of copies sent again after their first publish was lost unconfirmed (each may be a duplicate:
-    #: the broker may have taken the first before the connection died; AMQP cannot tell).
-    resent: set[str] = field(default_factory=set)
+    #: Transactions committed, over every connection.
+    commits: int = 0
 
 
 def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
            limit: int | None = None, *, to_queue: str | None = None, stamp: Mapping[str, Any] | None = None,
            edits: Mapping[str, bytes] | None = None, progress: ReplayProgress | None = None,
-           window: int = 200, idle_s: float = 5.0,
+           window: int = 200, commit_every_s: float = 0.25, idle_s: float = 5.0,
            ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
     """Replay matching messages to their queues; return (replayed, [(kept, why)]).
 
@@ -187,55 +176,61 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
     message id -> the body its copy carries instead, under a new message id, the original's
     in the ``kombu-events-original-id`` header (the console's edit-and-replay).
 
-    The archive is read as :func:`browse` reads it (a consumer, no round trip per message)
-    and copies are published pipelined, at most ``window`` unconfirmed at a time; each
-    original is acked in its copy's confirm. ``progress``: call again with the same object
-    after a lost connection, and what the broker already confirmed is not sent again
-    (:class:`ReplayProgress`); the connection's error propagates, the progress kept.
+    The archive is read as :func:`browse` reads it (a consumer, no round trip per message).
+    Each copy is published (mandatory), and its original acked, on that one channel in an
+    AMQP transaction (``tx.select``); a ``tx.commit`` every ``window`` copies (or every
+    ``commit_every_s``, and whenever nothing more is waiting) makes the copies and the acks
+    take effect together, once the broker holds the copies (persistent ones on disk). A
+    connection lost before the commit's answer leaves both or neither: an original is back
+    in the archive exactly when its copy was not sent, so a replay run again (the console's
+    job connects again and calls this again) sends each message once: none lost, none twice.
+
+    A copy addressed to a queue that does not exist is never sent (its original stays); one
+    the broker returns all the same (its queue was deleted meanwhile) has its original
+    published to the archive again, in a commit of its own at once, and is kept.
     """
     channel = _channel(connection)
-    confirmer = Confirmer(channel)
     replayed: list[ArchivedMessage] = []
     kept: list[tuple[ArchivedMessage, str]] = []
     handler_queues = {q.name for q in topology.handler_queues}
     userid = getattr(connection, "userid", None)
-    unconfirmed: dict[int, tuple[str, str]] = {}  # delivery tag -> (id, archived-at) of a copy not yet confirmed
     arrived: deque[Any] = deque()
     acks = _Acks(channel)
+    open_tx = _Transaction(channel, acks, topology, replayed, kept, progress)
+    unsendable: dict[str, str | None] = {}  # target queue -> why nothing can be sent to it (None: it exists)
     chosen, finished = 0, False
     try:
         total = queue_counts(channel, topology.archive_exchange).messages
         if total <= 0 or (limit is not None and limit <= 0):
             return replayed, kept
+        channel.tx_select()
+        channel.events["basic_return"].add(open_tx.returned)
         channel.basic_qos(0, total if total <= 65_535 else 0, False)
         channel.basic_consume(topology.archive_exchange, no_ack=False, callback=arrived.append)
         seen = 0
         while seen < total and (limit is None or chosen < limit):
+            if not arrived or open_tx.due(window, commit_every_s):
+                open_tx.commit()  # also before any wait: what was sent takes effect first
             if not arrived:
                 try:
                     connection.drain_events(timeout=idle_s)
                 except socket.timeout:
                     break  # messages expired meanwhile
-                acks.flush()
                 continue
             seen += 1
             message = _parse(arrived.popleft())
             acks.delivered(message.delivery_tag)
-            if progress is not None and message.id in progress.confirmed:
-                if message.archived_at in progress.confirmed[message.id]:
-                    acks.ack(message.delivery_tag)  # its copy was confirmed: the ack was lost with a connection
-                    progress.acked_again += 1
-                else:  # another failure with that id, archived since: not this replay's
-                    acks.leave()
-                continue
             if not match(message):
                 acks.leave()
                 continue
             chosen += 1
             target = to_queue or message.queue
-            if target not in handler_queues:
+            if target not in unsendable:
+                unsendable[target] = _unsendable(connection, target, handler_queues)
+            why = unsendable[target]
+            if why is not None:
                 acks.leave()
-                kept.append((message, f"queue {target!r} is not a queue of this service"))
+                kept.append((message, why))
                 continue
             headers = {**wire.replay_headers(message.headers), **(stamp or {})}
             edited = edits is not None and message.id in edits
@@ -246,44 +241,91 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
                 properties["message_id"] = uuid.uuid4().hex
             body = edits[message.id] if edits is not None and edited else message.body
             address = topology.address(target, 0)
-            if progress is not None and progress.in_doubt.pop(message.id, None) is not None:
-                progress.resent.add(message.id)
-            unconfirmed[message.delivery_tag] = (message.id, message.archived_at)
-            confirmer.publish(Message(body, **properties), address.exchange, address.routing_key,
-                              on_ok=_acker(acks, message, replayed, progress, unconfirmed),
-                              on_fail=partial(_keeper, kept, acks, message, unconfirmed))
-            _read_waiting(connection)  # confirms as they come: fewer copies in doubt if the connection drops
-            while confirmer.pending >= window:
-                connection.drain_events(timeout=30)
-                acks.flush()
-            acks.flush()
-        while confirmer.pending:
-            connection.drain_events(timeout=30)
-            acks.flush()
+            channel.basic_publish(Message(body, **properties), exchange=address.exchange,
+                                  routing_key=address.routing_key, mandatory=True)
+            acks.ack(message.delivery_tag)
+            open_tx.sent(message, properties.get("message_id"), address.routing_key, body)
+        open_tx.commit()
         finished = True
         return replayed, kept
-    except BaseException:
-        if progress is not None:
-            progress.in_doubt.update(unconfirmed.values())
-        raise
     finally:
         try:
-            acks.flush(every=True)  # sent before the close, so taken before the rest goes back
-            channel.close()  # unacked: every message not replayed goes back to the archive
+            channel.close()  # an open transaction is rolled back: every message not acked goes back
         except Exception as exc:
             if finished:
                 raise
             logger.debug("closing the replay's channel after an error failed too: %s", exc)
 
 
-def _read_waiting(connection: Any) -> None:
-    """Read what the broker has already sent (confirms, deliveries), without waiting for more."""
-    sock = getattr(getattr(connection, "connection", None), "sock", None)
-    try:
-        while sock is not None and select.select([sock], [], [], 0)[0]:
-            connection.drain_events(timeout=0.05)
-    except socket.timeout:
-        pass
+def _unsendable(connection: Any, queue: str, handler_queues: set[str]) -> str | None:
+    """Why a copy cannot be sent to ``queue`` (not this service's, or not on the broker), else None."""
+    if queue not in handler_queues:
+        return f"queue {queue!r} is not a queue of this service"
+    if peek_queue(connection, queue) is None:
+        return f"queue {queue!r} does not exist on the broker (declare it, or replay to another queue)"
+    return None
+
+
+class _Transaction:
+    """The copies sent in the replay channel's open transaction, and what its commit settles."""
+
+    def __init__(self, channel: Any, acks: _Acks, topology: Topology, replayed: list[ArchivedMessage],
+                 kept: list[tuple[ArchivedMessage, str]], progress: ReplayProgress | None) -> None:
+        self.channel, self.acks, self.topology = channel, acks, topology
+        self.replayed, self.kept, self.progress = replayed, kept, progress
+        #: (original, (copy's message id, routing key, body)) of each copy sent since the last commit.
+        self.copies: list[tuple[ArchivedMessage, tuple[Any, Any, bytes]]] = []
+        #: (message id, routing key, body) of each copy the broker returned.
+        self.returns: list[tuple[Any, Any, bytes]] = []
+        self.began = 0.0
+
+    def sent(self, message: ArchivedMessage, message_id: Any, routing_key: Any, body: bytes) -> None:
+        if not self.copies:
+            self.began = time.monotonic()
+        self.copies.append((message, (message_id, routing_key, body)))
+
+    def due(self, window: int, every_s: float) -> bool:
+        return bool(self.copies) and (len(self.copies) >= window or time.monotonic() - self.began >= every_s)
+
+    def returned(self, exc: Any, exchange: Any, routing_key: Any, message: Any) -> None:
+        """py-amqp callback, inside the commit's wait (a return comes before the commit's answer): note only."""
+        self.returns.append((message.properties.get("message_id"), routing_key, bytes(message.body or b"")))
+
+    def commit(self) -> None:
+        """Commit the copies with the acks of their originals; archive again the originals of copies returned."""
+        if not self.copies:
+            return
+        self.acks.flush(every=True)
+        self.channel.tx_commit()
+        copies, self.copies = self.copies, []
+        returns, self.returns = self.returns, []
+        back = []
+        for message, copy in copies:
+            if copy in returns:
+                returns.remove(copy)
+                back.append(message)
+            else:
+                self.replayed.append(message)
+        if self.progress is not None:
+            self.progress.copies_confirmed += len(copies) - len(back)
+            self.progress.commits += 1
+        if back:
+            self._archive_again(back)
+
+    def _archive_again(self, back: list[ArchivedMessage]) -> None:
+        """Originals whose copies the broker returned (their queue was deleted mid-replay), as they were archived."""
+        for message in back:
+            self.channel.basic_publish(Message(message.body, **message.properties),
+                                       exchange=self.topology.archive_exchange,
+                                       routing_key=wire.as_sent(message.routing_key), mandatory=True)
+        self.channel.tx_commit()
+        lost, self.returns = self.returns, []
+        why = "returned by the broker (its queue was deleted during the replay); archived again"
+        self.kept.extend((message, why) for message in back)
+        if lost:  # the archive queue itself is gone: nothing more can keep them
+            logger.error("kombu-events: %d replayed messages were returned by the broker and could not be "
+                         "archived again (is the archive queue %s gone?): %s", len(lost),
+                         self.topology.archive_exchange, ", ".join(str(m) for m, _, _ in lost))
 
 
 class _Acks:
@@ -332,25 +374,6 @@ class _Acks:
         for tag in sorted(self.ready):
             self.channel.basic_ack(tag)
         self.ready.clear()
-
-
-def _keeper(kept: list[tuple[ArchivedMessage, str]], acks: _Acks, message: ArchivedMessage,
-            unconfirmed: dict[int, tuple[str, str]], why: str) -> None:
-    unconfirmed.pop(message.delivery_tag, None)
-    acks.single = True  # a callback sends nothing: the next flush acks the others one by one
-    kept.append((message, why))
-
-
-def _acker(acks: _Acks, message: ArchivedMessage, replayed: list[ArchivedMessage],
-           progress: ReplayProgress | None, unconfirmed: dict[int, tuple[str, str]]) -> Callable[[], None]:
-    def ack() -> None:
-        unconfirmed.pop(message.delivery_tag, None)
-        if progress is not None:  # remembered before the ack, which the connection may lose
-            progress.confirmed.setdefault(message.id, set()).add(message.archived_at)
-            progress.copies_confirmed += 1
-        replayed.append(message)
-        acks.ack(message.delivery_tag)
-    return ack
 
 
 def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],

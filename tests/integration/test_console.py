@@ -14,7 +14,8 @@ from starlette.testclient import TestClient
 
 from kombu_events.console import AuthSettings, ConsoleSettings, create_app
 from kombu_events.console.audit import BY_HEADER, JOB_HEADER
-from kombu_events.ops.archive import ORIGINAL_ID, browse, read
+from kombu_events.console.jobs import RECOVERABLE
+from kombu_events.ops.archive import ORIGINAL_ID, browse, read, replay
 
 from .console_helpers import SAME_ORIGIN, Seeded, basic, seeded
 from .harness import queue_depth, wait_for
@@ -257,3 +258,62 @@ def test_edit_and_replay_is_off_unless_enabled_and_sends_a_new_id_with_the_origi
     assert copy.body == form["body"].encode() and copy.properties["message_id"] != original
     assert headers[ORIGINAL_ID] == original and headers[BY_HEADER] == "alice"
     assert _ids(service) == []
+
+
+# -- replay's transactions --------------------------------------------------------------------------------
+
+def test_a_copy_returned_at_commit_is_archived_again_and_kept_never_lost(service):
+    """The users queue exists when the replay looks, and is deleted before the commit: the broker returns
+    both users copies at the commit, which removed their originals from the archive; both are archived again."""
+    ids = fill(service)
+    second = service.archive([("users", "users.8.joined", "ValueError: bad email", b'{"user": 8}')])[0]
+    first = ids["users"][0]
+
+    def match(message):  # the second users message: its queue was checked (for the first) and goes away now
+        if message.id == second:
+            with Connection(service.broker_url) as conn:
+                conn.default_channel.queue_delete(service.queue("users"))
+        return True
+
+    with Connection(service.broker_url) as conn:
+        replayed, kept = replay(conn, service.events.topology(), match)
+    assert sorted(m.id for m in replayed) == sorted(ids["notfound"] + ids["timeout"])
+    why = "returned by the broker (its queue was deleted during the replay); archived again"
+    assert [(m.id, w) for m, w in kept] == [(first, why), (second, why)]
+    archived = {m.id: m for m in _read_all(service)}
+    assert list(archived) == [first, second]
+    assert archived[first].reason.startswith("gave up after 3 attempts")  # archived as it was
+    assert archived[first].body == b"\xff\xfe binary"
+    assert len(service.take("orders")) == 5
+
+
+def test_a_connection_lost_before_the_commit_sends_nothing_and_removes_nothing(service):
+    """Copies and acks are one transaction: a connection closed before its commit leaves the archive whole
+    and the queues empty; the next replay sends each message once."""
+    ids = fill(service)
+    every = [i for group in ids.values() for i in group]
+    conn = Connection(service.broker_url)
+    conn.connect()
+
+    def match(message):  # the third message read: the connection dies with two copies sent, uncommitted
+        match.calls += 1
+        if match.calls == 3:
+            conn.connection.sock.close()  # a connection lost as a broker restart loses it
+        return True
+    match.calls = 0
+
+    with pytest.raises(RECOVERABLE):
+        replay(conn, service.events.topology(), match, commit_every_s=3600)
+    conn.release()
+    assert sorted(_ids(service)) == sorted(every)
+    assert queue_depth(service.broker_url, service.queue("orders"))[0] == 0
+    with Connection(service.broker_url) as again:
+        replayed, kept = replay(again, service.events.topology(), lambda m: True)
+    assert (len(replayed), kept) == (6, [])
+    taken = service.take("orders") + service.take("users")
+    assert sorted(m.properties["message_id"] for m in taken) == sorted(every)
+
+
+def _read_all(service: Seeded) -> list:
+    with Connection(service.broker_url) as conn:
+        return read(conn, service.events.topology())

@@ -179,6 +179,7 @@ def test_replay_a_failure_group_from_the_browser(make_project):
         browser.wait_for("Page.loadEventFired", page.tab.session)
         wait_for(lambda: page.js("document.querySelector('.state')?.textContent") == "done", 30,
                  interval=0.3, what="replay job done")
+        assert page.js("document.querySelectorAll('button.danger').length") == 0, "a done job offers no Cancel"
         assert page.axe(axe_source) == []
         page.shoot("job-1280")
 
