@@ -317,3 +317,14 @@ def test_a_connection_lost_before_the_commit_sends_nothing_and_removes_nothing(s
 def _read_all(service: Seeded) -> list:
     with Connection(service.broker_url) as conn:
         return read(conn, service.events.topology())
+
+
+def test_replay_from_a_quorum_archive_to_quorum_queues_in_transactions(broker_url):
+    for quorum in seeded(broker_url, queue_type="quorum"):
+        ids = fill(quorum)
+        with Connection(broker_url) as conn:
+            replayed, kept = replay(conn, quorum.events.topology(), lambda m: True, window=2)
+        assert (len(replayed), kept) == (6, [])
+        taken = quorum.take("orders") + quorum.take("users")
+        assert sorted(m.properties["message_id"] for m in taken) == sorted(i for g in ids.values() for i in g)
+        assert _read_all(quorum) == []
