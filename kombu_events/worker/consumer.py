@@ -359,7 +359,9 @@ class ServiceConsumer:
                 for entry in entries:
                     self._hand_over(*entry)
 
-    def _hand_over(self, route: Route, delivery: Delivery, message: Any, item: runner.Item) -> None:
+    def _hand_over(self, route: Route, delivery: Delivery, message: Any, item: runner.Item,
+                   refused: Callable[[str], Step] | None = None) -> None:
+        """One message to the pool; one it refuses is archived (it cannot be pickled), or ``refused(why)``."""
         done = partial(self._post, route, delivery, message)
         self._jobs += 1
         try:
@@ -367,8 +369,11 @@ class ServiceConsumer:
         except Exception as exc:  # e.g. headers nested too deep to pickle for a prefork child
             self._jobs -= 1
             what = decision.describe(exc)
-            self._settle(route, delivery, message,
-                         decision.Outcome(decision.UNDECODABLE, f"cannot be handed to the pool: {what}", what))
+            outcome = decision.Outcome(decision.UNDECODABLE, f"cannot be handed to the pool: {what}", what)
+            if refused is None:
+                self._settle(route, delivery, message, outcome)
+            else:  # a pool shutting down refuses jobs: nothing wrong with the message
+                self._settled(route, delivery, outcome, refused(what))
 
     def _post(self, *item: Any) -> None:
         """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
@@ -392,10 +397,10 @@ class ServiceConsumer:
                                  len(entries))
 
     def _ran_batch(self, entries: list[Entry], result: Any) -> None:
-        """Settle each message of a batch on its own; a lost pool process loses each (decision.lost)."""
+        """Settle each message of a batch on its own; a batch whose pool process was lost goes back to the
+        pool one message at a time, no attempt spent: a message that kills its process is then lost alone."""
         if not (isinstance(result, list) and len(result) == len(entries)):
-            for route, delivery, message, _ in entries:
-                self._settle(route, delivery, message, result)
+            self._again_one_by_one(entries, result)
         else:
             self._batch.observe_batch([(entry[0].handler.queue, getattr(outcome, "duration_ms", 0.0))
                                        for entry, outcome in zip(entries, result)],
@@ -403,6 +408,14 @@ class ServiceConsumer:
             for (route, delivery, message, _), outcome in zip(entries, result):
                 self._settle(route, delivery, message, outcome)
         self._returned()
+
+    def _again_one_by_one(self, entries: list[Entry], result: Any) -> None:
+        """Hand each message of a lost batch to the pool again, on its own (its handler may have run: at least once)."""
+        logger.warning("kombu-events: a pool process died holding a batch of %d messages of service %s (%s); "
+                       "each goes to the pool again on its own, no attempt spent", len(entries),
+                       self.settings.service, decision.lost(result, traceback_limit=0).exception)
+        for entry in entries:
+            self._hand_over(*entry, refused=_left_unacked)
 
     def _ran(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
         """Note what the handler cost (the batches' budget), then settle."""
@@ -464,6 +477,10 @@ class ServiceConsumer:
 
 def _never() -> bool:
     return False
+
+
+def _left_unacked(why: str) -> Hold:
+    return Hold(f"could not be handed to the pool again ({why}); left unacked, redelivered on reconnect")
 
 
 def _ticks(hub: Any) -> set[Callable[[], Any]]:

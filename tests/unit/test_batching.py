@@ -180,15 +180,40 @@ def test_a_full_batch_goes_without_waiting_for_the_read_to_end(consumer):
     assert [len(args) if fn is runner.run else len(args[0]) for fn, args, _, _ in consumer._pool.jobs] == [3, 3, 6]
 
 
-def test_a_lost_pool_process_loses_every_message_of_its_batch(consumer):
+def test_a_lost_batch_goes_back_to_the_pool_one_message_at_a_time_no_attempt_spent(consumer, caplog):
     consumer._batch.max_messages = 4
     consumer._batch.observe("batch.handle", 0.01)
     receive(consumer, range(4))
     ((_, _, _, error_callback),) = consumer._pool.jobs
     lost = SimpleNamespace(exception=RuntimeError("Worker exited prematurely: signal 9 (SIGKILL)"), traceback="")
     error_callback(lost)
-    assert [m for m, _ in consumer.settled] == ["m0", "m1", "m2", "m3"]
-    assert all(result is lost for _, result in consumer.settled), "each goes to decision.lost in _settle"
+    assert consumer.settled == [], "nothing settled: no attempt spent"
+    again = consumer._pool.jobs[1:]
+    assert [(fn, json.loads(args[1])["i"]) for fn, args, _, _ in again] == [(runner.run, i) for i in range(4)]
+    assert consumer._jobs == 4, "the batch's job returned, four single ones out"
+    assert "died holding a batch of 4 messages" in caplog.text and "SIGKILL" in caplog.text
+    (_, _, _, single_lost) = again[2]
+    single_lost(lost)  # the one that kills its process again: lost alone, an attempt spent (decision.lost)
+    assert consumer.settled == [("m2", lost)]
+
+
+def test_a_lost_batch_refused_by_a_pool_shutting_down_is_left_unacked_not_archived(consumer, monkeypatch):
+    consumer._batch.max_messages = 3
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, range(3))
+    ((_, _, _, error_callback),) = consumer._pool.jobs
+    held = []
+    monkeypatch.setattr(consumer, "_settled", lambda route, delivery, outcome, step:
+                        held.append((delivery.message_id, step)))
+
+    def closed(fn, args, callback, error_callback):
+        raise ValueError("Pool not running")
+
+    consumer._pool.apply_async = closed
+    error_callback(SimpleNamespace(exception=RuntimeError("Worker exited prematurely"), traceback=""))
+    assert consumer.settled == [], "not archived"
+    assert [(m, step.action) for m, step in held] == [("m0", "held"), ("m1", "held"), ("m2", "held")]
+    assert "Pool not running" in held[0][1].reason and "left unacked" in held[0][1].reason
 
 
 def test_a_batch_that_cannot_be_handed_over_goes_one_by_one(consumer):
