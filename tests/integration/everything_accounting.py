@@ -52,6 +52,8 @@ class Ledger:
     queue_type: str = "classic"
     #: (time.time() as the broker began to stop, as it served again) of each broker restart.
     broker_stops: list[tuple[float, float]] = field(default_factory=list)
+    #: Id prefix -> the delay (s) of the events handlers publish with that prefix (through the delayed ladder).
+    publish_delays: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,22 +178,29 @@ STOP_MARGIN_S = 1.0
 def dead_lettered_at_a_stop(ledger: Ledger, hooks: list[dict[str, Any]], lost: set[str]) -> list[str]:
     """Of ``lost``, the ids the broker itself dropped, as docs/failures.md says classic queues may.
 
-    Only with classic queues, and only an id whose last trace is a republish into the delay
-    ladder (confirmed, then acked: the ``settled`` hook of a retry or requeue) that was
-    waiting in the ladder while the broker stopped (give or take ``STOP_MARGIN_S``), and
-    that no worker received again. Anything else lost is a bug of ours.
+    Only with classic queues, and only an id whose last trace is a confirmed publish into a
+    delay ladder -- a republish of a retry or requeue (the ``settled`` hook: confirmed, then
+    acked), or a delayed event a handler published (``after_publish`` without an error) --
+    that was waiting in the ladder while the broker stopped (give or take ``STOP_MARGIN_S``),
+    and that no worker received again. Anything else lost is a bug of ours.
     """
     if ledger.queue_type != "classic" or not ledger.broker_stops:
         return []
     last: dict[str, dict[str, Any]] = {}
     for h in hooks:
-        if h.get("id") in lost and h["hook"] in ("received", "settled"):
+        if h.get("id") in lost and h["hook"] in ("received", "settled", "after_publish"):
             last[h["id"]] = h
     found = []
     for message_id, h in sorted(last.items()):
-        if h["hook"] != "settled" or h["action"] not in ("retry", "requeue"):
+        if h["hook"] == "after_publish" and h.get("error") is None:
+            delay_s = next((d for prefix, d in ledger.publish_delays.items() if message_id.startswith(prefix)), None)
+            if delay_s is None:
+                continue
+            waiting = (h["t"], h["t"] + delay_s)
+        elif h["hook"] == "settled" and h["action"] in ("retry", "requeue"):
+            waiting = (h["t"], h["t"] + (h.get("delay_ms") or 0) / 1000)
+        else:
             continue
-        waiting = (h["t"], h["t"] + (h.get("delay_ms") or 0) / 1000)
         if any(waiting[0] <= end + STOP_MARGIN_S and waiting[1] >= start - STOP_MARGIN_S
                for start, end in ledger.broker_stops):
             found.append(message_id)

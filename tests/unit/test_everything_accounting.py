@@ -22,6 +22,16 @@ def test_a_retry_waiting_in_the_ladder_as_the_broker_stopped_is_the_brokers_loss
     assert dead_lettered_at_a_stop(_ledger(), [_settled(102.5, action="requeue")], {"a"}) == ["a"]
 
 
+def test_a_delayed_event_a_handler_published_just_before_the_stop_is_the_brokers_loss_too():
+    ledger = Ledger(expected={"later-x"}, broker_stops=[STOP], publish_delays={"later-": 0.5})
+    published = {"hook": "after_publish", "id": "later-x", "t": 98.7, "pid": 1, "error": None}
+    assert dead_lettered_at_a_stop(ledger, [published], {"later-x"}) == ["later-x"]
+    assert dead_lettered_at_a_stop(ledger, [{**published, "t": 97.0}], {"later-x"}) == []  # due before the stop
+    assert dead_lettered_at_a_stop(ledger, [{**published, "error": "UnroutableError()"}], {"later-x"}) == []
+    assert dead_lettered_at_a_stop(Ledger(expected={"other"}, broker_stops=[STOP]),  # no delay known for it
+                                   [{**published, "id": "other"}], {"other"}) == []
+
+
 def test_anything_else_lost_is_not_forgiven():
     hooks_received_after = [_settled(99.8), {**_settled(100.3), "hook": "received"}]
     assert dead_lettered_at_a_stop(_ledger("quorum"), [_settled(99.8)], {"a"}) == []  # quorum: at least once
