@@ -209,11 +209,10 @@ def dead_lettered_at_a_stop(ledger: Ledger, hooks: list[dict[str, Any]], lost: s
 
 def _history(hooks: list[dict[str, Any]], calls: list[dict[str, Any]], message_id: str) -> str:
     """What the records say happened to ``message_id``, in order (for a lost event's report)."""
-    rows = sorted((r["t"], kind, r) for kind, rows in (("hook", hooks), ("call", calls))
-                  for r in rows if r.get("id") == message_id)
-    return "; ".join(f"{t:.3f} {r.get('hook') or ('ok' if r.get('ok') else 'failed')} pid {r.get('pid')} "
+    rows = sorted((r for rows in (hooks, calls) for r in rows if r.get("id") == message_id), key=lambda r: r["t"])
+    return "; ".join(f"{r['t']:.3f} {r.get('hook') or ('ok' if r.get('ok') else 'failed')} pid {r.get('pid')} "
                      f"attempt {r.get('attempt')} {r.get('action', '')} {r.get('delay_ms', '')}".rstrip()
-                     for t, kind, r in rows) or "no trace at all"
+                     for r in rows) or "no trace at all"
 
 
 def _hooks(ledger: Ledger, hooks: list[dict[str, Any]], calls: list[dict[str, Any]],
