@@ -145,12 +145,21 @@ def test_retries_waiting_in_the_ladder_come_back_after_a_node_dies(cluster, proj
     cluster.kill_node(1)  # every retry now waits in the ladder, whose queues had members on node 1
     wait_for(lambda: len({r["message_id"] for r in project.records(attempt=2)}) >= count, timeout=120,
              interval=0.5, what="every retry back from the ladder")
-    first = {r["message_id"]: r["time"] for r in project.records(attempt=1)}
-    second = {r["message_id"]: r["time"] for r in project.records(attempt=2)}
+    # The earliest of each attempt: a first attempt may run twice (its retry was published, but the confirm
+    # died with node 1, so the original came back and ran again); the retry is due from the first run.
+    first, second, twice = {}, {}, set()
+    for r in project.records(handler="work"):
+        if r["attempt"] not in (1, 2):
+            continue
+        runs = first if r["attempt"] == 1 else second
+        if r["attempt"] == 1 and r["message_id"] in first:
+            twice.add(r["message_id"])
+        runs[r["message_id"]] = min(runs.get(r["message_id"], r["time"]), r["time"])
     early = [i for i in ids if second[i] - first[i] < delay - 0.05]
     lateness = sorted(second[i] - first[i] - delay for i in ids)
     print(f"\n[cluster] {count} retries of {delay} s through the ladder, node 1 killed while they waited: "
-          f"lost 0, early {len(early)}, late by median {lateness[count // 2]:.2f} s, max {lateness[-1]:.2f} s")
+          f"lost 0, early {len(early)}, late by median {lateness[count // 2]:.2f} s, max {lateness[-1]:.2f} s; "
+          f"first attempt run twice {len(twice)} (a retry confirm lost with the node)")
     assert not early
     assert lateness[-1] < 3, "back on time within a few units (250 ms) of the delay"
     assert worker.proc.poll() is None
