@@ -37,7 +37,6 @@ from ..broker.declare import declare
 from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core import decision
 from ..core.delivery import Delivery, read_delivery
-from ..core.handlers import awaits
 from ..core.settlement import Ack, Hold, Republish, Step, plan
 from ..middleware.control import Control
 from ..registry import Route
@@ -90,7 +89,7 @@ class ServiceConsumer:
         #: Refusals (ACCESS_REFUSED) logged so far: one ERROR line each.
         self._refusals: set[str] = set()
         #: Queues whose handlers are ``async def`` (awaited in the pool: never under gevent or eventlet).
-        self.awaited = frozenset(r.handler.queue for r in self.routes if awaits(r.handler.fn))
+        self.awaited = frozenset(r.handler.queue for r in self.routes if r.awaits)
         #: Messages received, not yet handed to the pool (kept across restarts: what handlers cost).
         self._batch: Batcher[Entry] = Batcher(max_messages=1, awaited=self.awaited)
         #: Whether the connection has more to read now (a batch waits for it); without a hub, never.
