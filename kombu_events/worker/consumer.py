@@ -94,8 +94,11 @@ class ServiceConsumer:
         self._batch: Batcher[Entry] = Batcher(max_messages=1, awaited=self.awaited)
         #: Whether the connection has more to read now (a batch waits for it); without a hub, never.
         self._more_to_read: Callable[[], bool] = _never
-        #: Jobs handed to the pool and not returned yet, the pool's processes, when the batch began.
+        #: Jobs handed to the pool on this connection and not returned yet, the pool's processes, when the
+        #: batch began. Counted anew on each connection (``_connection_jobs``): at a connection loss Celery's
+        #: prefork pool drops the jobs it had not yet written to a process, and those never call back.
         self._jobs, self._processes, self._since = 0, 1, 0.0
+        self._connection_jobs = 0
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
 
@@ -109,6 +112,8 @@ class ServiceConsumer:
         """
         self._close_channels()
         self._check_pool(pool)
+        # Jobs of the last connection that are still running call back into the old count, not this one.
+        self._jobs, self._connection_jobs = 0, self._connection_jobs + 1
         if self.settings.declare:
             declare(self.topology, connection)
         else:  # on every reconnect too: someone may have deleted a queue meanwhile
@@ -333,9 +338,10 @@ class ServiceConsumer:
         except Exception:  # never into the hub: its loop would end
             logger.exception("kombu-events: handing a batch of service %s to the pool failed", self.settings.service)
 
-    def _returned(self) -> None:
+    def _returned(self, connection_jobs: int) -> None:
         """A job came back (on the loop thread): its process is free; a batch waiting for one goes now."""
-        self._jobs = max(0, self._jobs - 1)
+        if connection_jobs == self._connection_jobs:  # else counted on a connection gone since
+            self._jobs = max(0, self._jobs - 1)
         if len(self._batch) and self._ready():
             self._flush()
 
@@ -345,7 +351,7 @@ class ServiceConsumer:
         if len(entries) == 1:
             self._hand_over(*entries[0])
         elif entries:
-            done = partial(self._post_batch, entries)
+            done = partial(self._post_batch, self._connection_jobs, entries)
             self._jobs += 1  # before: solo calls back from inside apply_async
             try:
                 self._pool.apply_async(runner.run_batch, ([entry[3] for entry in entries],
@@ -361,7 +367,7 @@ class ServiceConsumer:
     def _hand_over(self, route: Route, delivery: Delivery, message: Any, item: runner.Item,
                    refused: Callable[[str], Step] | None = None) -> None:
         """One message to the pool; one it refuses is archived (it cannot be pickled), or ``refused(why)``."""
-        done = partial(self._post, route, delivery, message)
+        done = partial(self._post, self._connection_jobs, route, delivery, message)
         self._jobs += 1
         try:
             self._pool.apply_async(runner.run, item, callback=done, error_callback=done)
@@ -374,28 +380,28 @@ class ServiceConsumer:
             else:  # a pool shutting down refuses jobs: nothing wrong with the message
                 self._settled(route, delivery, outcome, refused(what))
 
-    def _post(self, *item: Any) -> None:
+    def _post(self, connection_jobs: int, *item: Any) -> None:
         """Pool callback: settle on the loop thread (thread pools call back from their threads)."""
         if self.mailbox.pipe is None or threading.get_ident() == self._loop_ident:
-            self._ran(*item)  # the common case, without building a callable per message
+            self._ran(connection_jobs, *item)  # the common case, without building a callable per message
         else:
             try:
-                self.mailbox.post(partial(self._ran, *item))
+                self.mailbox.post(partial(self._ran, connection_jobs, *item))
             except Exception:  # e.g. the wake pipe closed at shutdown: the message stays unacked
                 logger.exception("kombu-events: could not hand a result back to the event loop; left unacked")
 
-    def _post_batch(self, entries: list[Entry], result: Any) -> None:
+    def _post_batch(self, connection_jobs: int, entries: list[Entry], result: Any) -> None:
         """Pool callback of a batch: its Outcomes, or why its pool process was lost (settled as for :meth:`_post`)."""
         if self.mailbox.pipe is None or threading.get_ident() == self._loop_ident:
-            self._ran_batch(entries, result)
+            self._ran_batch(connection_jobs, entries, result)
         else:
             try:
-                self.mailbox.post(partial(self._ran_batch, entries, result))
+                self.mailbox.post(partial(self._ran_batch, connection_jobs, entries, result))
             except Exception:  # e.g. the wake pipe closed at shutdown: the messages stay unacked
                 logger.exception("kombu-events: could not hand %d results back to the event loop; left unacked",
                                  len(entries))
 
-    def _ran_batch(self, entries: list[Entry], result: Any) -> None:
+    def _ran_batch(self, connection_jobs: int, entries: list[Entry], result: Any) -> None:
         """Settle each message of a batch on its own; a batch whose pool process was lost goes back to the
         pool one message at a time, no attempt spent: a message that kills its process is then lost alone."""
         if not (isinstance(result, list) and len(result) == len(entries)):
@@ -406,7 +412,7 @@ class ServiceConsumer:
                                       getattr(result, "elapsed_ms", -1.0))
             for (route, delivery, message, _), outcome in zip(entries, result):
                 self._settle(route, delivery, message, outcome)
-        self._returned()
+        self._returned(connection_jobs)
 
     def _again_one_by_one(self, entries: list[Entry], result: Any) -> None:
         """Hand each message of a lost batch to the pool again, on its own (its handler may have run: at least once)."""
@@ -416,12 +422,12 @@ class ServiceConsumer:
         for entry in entries:
             self._hand_over(*entry, refused=_left_unacked)
 
-    def _ran(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
+    def _ran(self, connection_jobs: int, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
         """Note what the handler cost (the batches' budget), then settle."""
         if isinstance(result, decision.Outcome) and result.duration_ms > 0:
             self._batch.observe(route.handler.queue, result.duration_ms)
         self._settle(route, delivery, message, result)
-        self._returned()
+        self._returned(connection_jobs)
 
     # -- carrying out the plan -----------------------------------------------------------------
 

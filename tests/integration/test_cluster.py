@@ -23,6 +23,8 @@ from .private_broker import PrivateBroker
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 BODY = """
+import time
+
 app.conf.task_default_queue_type = "quorum"  # Celery's own queue must outlive a node too
 app.conf.broker_heartbeat = 0
 events = Events(app, service=SERVICE, exchange=EXCHANGE, queue_type="quorum", delay_unit_ms=250, delay_levels=8)
@@ -30,6 +32,7 @@ events = Events(app, service=SERVICE, exchange=EXCHANGE, queue_type="quorum", de
 @events.handler("work.#", bind=True)
 def work(event):
     record(handler="work", message_id=event.message_id, attempt=event.attempt)
+    time.sleep(event.payload.get("pause", 0))  # keeps a run long enough to kill a node in the middle of it
     if event.payload.get("retry") and event.attempt == 1:
         raise Retry(delay=event.payload["retry"])
 """
@@ -105,11 +108,12 @@ def unacked_anywhere(cluster: PrivateBroker, via: int) -> dict[str, tuple[int, i
 def test_a_prefork_worker_loses_nothing_when_its_node_dies_mid_run(cluster, project):
     count = 5000
     ids = [unique("e") for _ in range(count)]
-    confirmed = publish(cluster.urls(2, 3, 1), project.exchange, [("work.created", {"id": i}) for i in ids])
+    events = [("work.created", {"id": i, "pause": 0.004}) for i in ids]  # batched prefork: ~10 s, not ~2 s
+    confirmed = publish(cluster.urls(2, 3, 1), project.exchange, events)
     assert len(confirmed) == count
     worker = project.worker(pool="prefork", concurrency=2).wait_ready(timeout=60)
-    wait_for(lambda: len(project.records()) >= 1000, timeout=60, what="a fifth of the events handled")
     assert cluster.ports[0] in connected_port(cluster, 2), "the worker is connected to node 1"
+    wait_for(lambda: len(project.records()) >= 1000, timeout=60, what="a fifth of the events handled")
     killed_at = time.time()
     cluster.kill_node(1)
 
@@ -121,6 +125,7 @@ def test_a_prefork_worker_loses_nothing_when_its_node_dies_mid_run(cluster, proj
     handled = [r["message_id"] for r in records]
     lost = set(ids) - set(handled)
     after = [killed_at, *sorted(r["time"] for r in records if r["time"] > killed_at)]
+    assert len(after) > count // 2, f"only {len(after) - 1} of {count} events were left when node 1 died"
     stall, resumed = max((b - a, b) for a, b in zip(after, after[1:]))  # the pool's prefetch drains first
     print(f"\n[cluster] {count} events, node 1 killed after {sum(r['time'] <= killed_at for r in records)} "
           f"handled: lost {len(lost)}, duplicates {len(handled) - len(set(handled))}, "

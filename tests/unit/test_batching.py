@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import pickle
 from types import SimpleNamespace
+from unittest.mock import MagicMock
 
 import pytest
 from celery import Celery
@@ -272,3 +273,25 @@ def test_a_batch_that_waited_too_long_for_a_free_process_goes_anyway(consumer, m
     monkeypatch.setattr(consumer, "_since", consumer._since - 2.0)
     consumer._tick()
     assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [2]
+
+
+def test_jobs_the_pool_dropped_at_a_reconnect_hold_back_no_batch_after_it(consumer, monkeypatch):
+    """At a connection loss Celery's prefork pool drops the jobs it had not yet written to a process
+    (AsynPool.flush): they never call back. Still counted, they kept every later batch waiting for a
+    free process that the count never showed; at a queue's end, for as long as the event loop slept."""
+    monkeypatch.setattr("kombu_events.worker.consumer.declare", lambda topology, connection: None)
+    monkeypatch.setattr(consumer, "_open_publisher", MagicMock)
+    consumer._pool.limit = 2
+    consumer.start(MagicMock(), consumer._pool, SimpleNamespace(on_tick=set()))
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, [1], more=False)
+    receive(consumer, [2], more=False)
+    (_, _, running, _), _dropped = consumer._pool.jobs  # both processes busy; the second job will never return
+    consumer.start(MagicMock(), consumer._pool, SimpleNamespace(on_tick=set()))  # Celery's reconnect
+    receive(consumer, [3], more=False)
+    assert [len(consumer._pool.jobs), consumer._jobs] == [3, 1], "handed over at once: no process is counted busy"
+    running(decision.Outcome(decision.OK, duration_ms=0.01))  # a job of the old connection, back late
+    assert consumer._jobs == 1, "it frees no process counted on this connection"
+    receive(consumer, [4, 5], more=True)
+    receive(consumer, [6], more=False)
+    assert [json.loads(item[1])["i"] for item in consumer._pool.jobs[-1][1][0]] == [4, 5, 6]
