@@ -320,6 +320,8 @@ class ServiceConsumer:
             self._flush()
         elif len(self._batch) == 1:
             self._since = time.monotonic()
+            if self._hub is not None:  # an idle event loop sleeps for up to 10 s between ticks
+                self._hub.call_later(BATCH_WAIT_S, self._tick)
 
     def _ready(self) -> bool:
         """Whether to hand the batch over now: a pool process is free and the loop has read what was there.
@@ -331,9 +333,10 @@ class ServiceConsumer:
         return self._jobs < self._processes and not self._more_to_read()
 
     def _tick(self) -> None:
-        """Hub tick, before each poll: hand over a batch that is ready (or has waited too long)."""
+        """Hub tick, before each poll (and a timer when a batch begins to wait): hand over a batch that is
+        ready (or has waited ``BATCH_WAIT_S``)."""
         try:
-            if len(self._batch) and (self._ready() or time.monotonic() - self._since > BATCH_WAIT_S):
+            if len(self._batch) and (self._ready() or time.monotonic() - self._since >= BATCH_WAIT_S):
                 self._flush()
         except Exception:  # never into the hub: its loop would end
             logger.exception("kombu-events: handing a batch of service %s to the pool failed", self.settings.service)

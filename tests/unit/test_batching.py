@@ -282,12 +282,12 @@ def test_jobs_the_pool_dropped_at_a_reconnect_hold_back_no_batch_after_it(consum
     monkeypatch.setattr("kombu_events.worker.consumer.declare", lambda topology, connection: None)
     monkeypatch.setattr(consumer, "_open_publisher", MagicMock)
     consumer._pool.limit = 2
-    consumer.start(MagicMock(), consumer._pool, SimpleNamespace(on_tick=set()))
+    consumer.start(MagicMock(), consumer._pool, MagicMock(on_tick=set()))
     consumer._batch.observe("batch.handle", 0.01)
     receive(consumer, [1], more=False)
     receive(consumer, [2], more=False)
     (_, _, running, _), _dropped = consumer._pool.jobs  # both processes busy; the second job will never return
-    consumer.start(MagicMock(), consumer._pool, SimpleNamespace(on_tick=set()))  # Celery's reconnect
+    consumer.start(MagicMock(), consumer._pool, MagicMock(on_tick=set()))  # Celery's reconnect
     receive(consumer, [3], more=False)
     assert [len(consumer._pool.jobs), consumer._jobs] == [3, 1], "handed over at once: no process is counted busy"
     running(decision.Outcome(decision.OK, duration_ms=0.01))  # a job of the old connection, back late
@@ -295,3 +295,18 @@ def test_jobs_the_pool_dropped_at_a_reconnect_hold_back_no_batch_after_it(consum
     receive(consumer, [4, 5], more=True)
     receive(consumer, [6], more=False)
     assert [json.loads(item[1])["i"] for item in consumer._pool.jobs[-1][1][0]] == [4, 5, 6]
+
+
+def test_a_waiting_batch_sets_a_timer_so_an_idle_event_loop_still_hands_it_over_after_a_second(consumer,
+                                                                                                monkeypatch):
+    """The event loop ticks before each poll, and with nothing to do it polls for up to 10 s."""
+    timers = []
+    consumer._hub = SimpleNamespace(call_later=lambda delay, fn: timers.append((delay, fn)))
+    consumer._batch.max_messages, consumer._processes, consumer._jobs = 50, 1, 1  # its process busy
+    consumer._batch.observe("batch.handle", 0.01)
+    receive(consumer, [1, 2], more=False)
+    assert [delay for delay, _ in timers] == [1.0], "one timer, when the batch began to wait"
+    (_, fire), = timers
+    monkeypatch.setattr(consumer, "_since", consumer._since - 1.0)
+    fire()
+    assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [2]
