@@ -12,8 +12,9 @@ from .private_broker import PrivateBroker
 #: Modules whose tests lean on timing (faults, breakers, periods, a cluster, green pools, crash accounting) or
 #: start private nodes: marked ``heavy``, they run after the rest (scripts/test runs the others in two processes
 #: at once), in two groups side by side: each group's modules one at a time, in a process of its own
-#: (``xdist_group``). The groups are balanced by time (about 4.5 min each), and each holds some of the
-#: tests that stop or kill a node, so that two such stops never come together.
+#: (``xdist_group``). The groups are balanced by time (about 4.5 min each when run alone). The nodes they
+#: stop or kill are their own (each pytest process starts its own private node); the node on 5672 is
+#: stopped only by the ``serial`` test, which runs last, alone.
 HEAVY = {
     "test_cluster": "heavy-a", "test_everything_on": "heavy-a", "test_console_10k": "heavy-a",
     "test_inbox_crashes": "heavy-a", "test_green_pools": "heavy-a",
