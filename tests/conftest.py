@@ -19,7 +19,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" i
 #: The test kit's fixtures (events_stub, events_broker), opted into as a user would.
 pytest_plugins = ["kombu_events.testing"]
 
-BROKER_URL = os.environ.get("KOMBU_EVENTS_TEST_BROKER", "amqp://guest:guest@127.0.0.1:5672//")
+from .brokers import BROKER_URL  # noqa: E402 (the one place that says which broker)
 
 
 def broker_reachable(url: str = BROKER_URL) -> str | None:

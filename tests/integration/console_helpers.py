@@ -12,6 +12,7 @@ from kombu_events import Events
 from kombu_events.broker.declare import declare
 from kombu_events.core import headers as wire
 
+from ..brokers import HOST, PORT
 from .harness import delete_service, unique
 
 
@@ -69,7 +70,7 @@ class Seeded:
 
 def _host(url: str) -> str:
     rest = url.split("@", 1)[-1]
-    return rest.split("/", 1)[0] or "127.0.0.1:5672"
+    return rest.split("/", 1)[0] or f"{HOST}:{PORT}"
 
 
 def basic(user: str, password: str) -> dict[str, str]:

@@ -19,6 +19,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 from kombu import Connection
 
+from ..brokers import MANAGEMENT_URL, RABBITMQCTL, rabbitmqctl
+
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "tests" / "node"
 
@@ -207,7 +209,7 @@ def queue_depth(broker_url: str, queue: str) -> tuple[int, int]:
 
 def queue_counts(broker_url: str) -> dict[str, tuple[int, int, int]]:
     """{queue: (ready, unacknowledged, consumers)} for every queue: exact, but ~0.4 s (rabbitmqctl)."""
-    out = subprocess.run(["rabbitmqctl", "-q", "list_queues", "-p", _vhost(broker_url), "--no-table-headers",
+    out = subprocess.run([*RABBITMQCTL, "-q", "list_queues", "-p", _vhost(broker_url), "--no-table-headers",
                           "name", "messages_ready", "messages_unacknowledged", "consumers"],
                          capture_output=True, text=True, check=True).stdout
     counts = {}
@@ -219,7 +221,7 @@ def queue_counts(broker_url: str) -> dict[str, tuple[int, int, int]]:
 
 def consumer_prefetch(broker_url: str) -> dict[str, list[int]]:
     """{queue: [prefetch count of each of its consumers]} in the URL's vhost (rabbitmqctl)."""
-    out = subprocess.run(["rabbitmqctl", "-q", "list_consumers", "-p", _vhost(broker_url), "--no-table-headers",
+    out = subprocess.run([*RABBITMQCTL, "-q", "list_consumers", "-p", _vhost(broker_url), "--no-table-headers",
                           "queue_name", "prefetch_count"], capture_output=True, text=True, check=True).stdout
     found: dict[str, list[int]] = {}
     for line in out.splitlines():
@@ -250,7 +252,7 @@ def _vhost(broker_url: str) -> str:
 def _management(broker_url: str, path: str) -> Any:
     """GET ``/api/<path>`` of the management plugin, with the broker URL's credentials."""
     url = urlsplit(broker_url)
-    request = urllib.request.Request(f"http://{url.hostname or 'localhost'}:15672/api/{path}")
+    request = urllib.request.Request(f"{MANAGEMENT_URL}/api/{path}")
     token = base64.b64encode(f"{unquote(url.username or 'guest')}:{unquote(url.password or 'guest')}".encode())
     request.add_header("Authorization", "Basic " + token.decode())
     with urllib.request.urlopen(request, timeout=5) as response:
@@ -263,7 +265,7 @@ def _names(broker_url: str, kind: str) -> list[str]:
     try:  # ~10 ms; rabbitmqctl takes ~0.4 s
         return [entry["name"] for entry in _management(broker_url, f"{kind}/{quote(vhost, safe='')}?columns=name")]
     except OSError:
-        out = subprocess.run(["rabbitmqctl", "-q", f"list_{kind}", "-p", vhost, "--no-table-headers", "name"],
+        out = subprocess.run([*RABBITMQCTL, "-q", f"list_{kind}", "-p", vhost, "--no-table-headers", "name"],
                              capture_output=True, text=True, check=True).stdout
         return out.split()
 
@@ -352,7 +354,7 @@ def http_get(port: int, path: str) -> tuple[int, str]:
 
 def ctl(*args: str) -> subprocess.CompletedProcess:
     """``rabbitmqctl -q ARGS`` on the shared node; raises CalledProcessError if it fails."""
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, check=True)
+    return rabbitmqctl(*args)
 
 
 @contextmanager
@@ -378,5 +380,5 @@ def own_vhost(prefix: str, **users: str) -> Iterator[dict[str, str]]:
         yield found
     finally:
         for role in users:
-            subprocess.run(["rabbitmqctl", "-q", "delete_user", found[role]], capture_output=True)
+            rabbitmqctl("delete_user", found[role], check=False)
         ctl("delete_vhost", found["name"])

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from ..brokers import amqp_url
 from .harness import Project, ctl, own_vhost, queue_counts, run_cli, wait_for
 from .test_least_privilege import apply, runtime_line, url
 
@@ -77,7 +78,7 @@ def publish(project: Project, key: str) -> None:
 def test_access_refused_at_run_time_is_one_clear_line_and_loses_nothing(tmp_path, vhost):
     started = time.monotonic()
     runtime_url = url(vhost["runtime"], vhost["password"], vhost["name"])
-    guest_url = f"amqp://guest:guest@127.0.0.1:5672/{vhost['name']}"
+    guest_url = amqp_url(vhost=vhost["name"])
     project = Project(tmp_path, runtime_url, BODY)
     service, user = project.service, vhost["runtime"]
     try:

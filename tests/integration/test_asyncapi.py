@@ -15,6 +15,7 @@ import yaml
 
 from tests.conftest import CI
 
+from ..brokers import amqp_url
 from .harness import NODE_DIR, Project
 
 pytestmark = pytest.mark.integration
@@ -143,7 +144,7 @@ def node() -> str:
 
 def project(tmp_path: Path, body: str) -> Project:
     """A service module whose broker URL has a user name and a password (neither may reach the document)."""
-    url = f"amqp://asyncapi-user:{PASSWORD}@127.0.0.1:5672/%2F;amqp://asyncapi-user:{PASSWORD}@127.0.0.2:5672//"
+    url = f"{amqp_url('asyncapi-user', PASSWORD)};{amqp_url('asyncapi-user', PASSWORD, host='127.0.0.2')}"
     return Project(tmp_path, url, body)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from kombu import Connection
 
 from kombu_events.publishing.publisher import Publisher, build_message
 
+from ..brokers import rabbitmqctl
 from .harness import Project, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -141,8 +141,6 @@ def test_mixed_good_failing_undecodable_all_accounted(tmp_path, broker_url):
         project.cleanup()
 
 
-def rabbitmqctl(*args):
-    subprocess.run(["rabbitmqctl", *args], check=True, capture_output=True, timeout=120)
 
 
 @pytest.mark.serial  # stops the shared node: nothing else may run meanwhile

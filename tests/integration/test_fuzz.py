@@ -32,6 +32,7 @@ from urllib.parse import unquote, urlsplit
 import amqp
 import pytest
 
+from ..brokers import PORT
 from .amqp_wire import (
     Field,
     HandEncoded,
@@ -509,7 +510,7 @@ def hand_encoded(fuzzer: Fuzzer) -> list[Sent]:
 
 def connect(broker_url: str) -> amqp.Connection:
     url = urlsplit(broker_url)
-    connection = amqp.Connection(f"{url.hostname or 'localhost'}:{url.port or 5672}",
+    connection = amqp.Connection(f"{url.hostname or 'localhost'}:{url.port or PORT}",
                                  userid=unquote(url.username or "guest"), password=unquote(url.password or "guest"),
                                  virtual_host=unquote(url.path[1:]) or "/")
     connection.connect()

@@ -2,13 +2,13 @@
 deep, and publishers= with two real RabbitMQ users. Each is archived with its reason; the pool stays small."""
 from __future__ import annotations
 
-import subprocess
 import zlib
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 
+from ..brokers import amqp_url, rabbitmqctl
 from .harness import Project, get_messages, publish_amqp, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -99,7 +99,7 @@ def take(event):
 
 
 def _ctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+    rabbitmqctl(*args, timeout=60)
 
 
 def _forged(url: str, exchange: str, *, user_id: str) -> str:
@@ -118,8 +118,7 @@ def _forged(url: str, exchange: str, *, user_id: str) -> str:
 
 
 def _url(broker_url: str, user: str, vhost: str) -> str:
-    parts = urlsplit(broker_url)
-    return f"amqp://{user}:secret@{parts.hostname}:{parts.port or 5672}/{quote(vhost, safe='')}"
+    return amqp_url(user, "secret", vhost, host=urlsplit(broker_url).hostname)
 
 
 def test_publishers_runs_the_handler_only_for_events_of_the_users_named(tmp_path, broker_url):
@@ -158,4 +157,4 @@ def test_publishers_runs_the_handler_only_for_events_of_the_users_named(tmp_path
                 worker.kill()
         _ctl("delete_vhost", vhost)
         for user in (worker_user, allowed, other):
-            subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True, timeout=60)
+            rabbitmqctl("delete_user", user, check=False, timeout=60)

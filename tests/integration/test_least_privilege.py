@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from ..brokers import amqp_url
 from .harness import Project, ctl, own_vhost, queue_counts, run_cli, wait_for
 
 BODY = """
@@ -45,7 +46,7 @@ def vhost(broker_url):
 
 
 def url(user: str, password: str, vhost: str) -> str:
-    return f"amqp://{user}:{password}@127.0.0.1:5672/{vhost}"
+    return amqp_url(user, password, vhost)
 
 
 def apply(output: str, user: str) -> list[str]:
@@ -76,7 +77,7 @@ def test_a_runtime_user_without_configure_runs_a_worker_declared_by_a_deploy_use
     started = time.monotonic()
     runtime_url = url(vhost["runtime"], vhost["password"], vhost["name"])
     deploy_url = url(vhost["deploy"], vhost["password"], vhost["name"])
-    guest_url = f"amqp://guest:guest@127.0.0.1:5672/{vhost['name']}"
+    guest_url = amqp_url(vhost=vhost["name"])
     project = Project(tmp_path, runtime_url, BODY)
     try:
         printed = run_cli(project, "permissions", "--user", vhost["runtime"], "--deploy-user", vhost["deploy"])

@@ -39,6 +39,7 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
+from ..brokers import PORT, rabbitmqctl
 from .harness import Project, http_get, wait_for
 from .private_broker import free_port
 
@@ -217,14 +218,13 @@ class Outputs:
 
 
 def shared_ctl(*args: str) -> str:
-    return subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True, check=True,
-                          timeout=60).stdout
+    return rabbitmqctl(*args, timeout=60).stdout
 
 
 @pytest.fixture
 def canary(broker_url):
     """The canary user and vhost on the shared node (set up before, deleted after, the test's projects)."""
-    found = Canary(shared_ctl, 5672)
+    found = Canary(shared_ctl, PORT)
     found.create()
     yield found
     found.delete()

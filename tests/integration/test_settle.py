@@ -11,6 +11,7 @@ import amqp
 import pytest
 from kombu import Connection
 
+from ..brokers import rabbitmqctl, with_credentials
 from .harness import Project, peek_messages, publish_amqp, queue_counts, queue_depth, unique, wait_for
 
 pytestmark = pytest.mark.integration
@@ -166,24 +167,20 @@ def test_archive_replay_by_another_user_never_sends_a_user_id_the_broker_would_r
     """A message published with user_id=guest and archived keeps it; an operator replaying as another
     user must not send it back with that user_id (the broker would refuse the publish): the copy carries
     the operator's own, and the worker's archive copy of it the worker's (docs/security.md)."""
-    import subprocess
-    from urllib.parse import urlsplit
 
     from .harness import run_cli
 
     project = make_project(FAILS)
     user, password = unique("op"), unique("pw")
-    subprocess.run(["rabbitmqctl", "-q", "add_user", user, password], check=True, capture_output=True)
+    rabbitmqctl("add_user", user, password)
     try:
-        subprocess.run(["rabbitmqctl", "-q", "set_permissions", "-p", "/", user, ".*", ".*", ".*"], check=True,
-                       capture_output=True)
+        rabbitmqctl("set_permissions", "-p", "/", user, ".*", ".*", ".*")
         project.worker().wait_ready()
         message_id = send(project, "jobs.1", {"archive": True}, user_id="guest")
         [message] = archived(project)
         assert message.properties["user_id"] == "guest"
 
-        url = urlsplit(project.broker_url)
-        operator = f"amqp://{user}:{password}@{url.hostname}:{url.port or 5672}//"
+        operator = with_credentials(project.broker_url, user, password)
         result = run_cli(project, "--broker", operator, "archive", "replay")
         assert result.returncode == 0, result.stdout + result.stderr
         assert f"replayed {message_id}" in result.stdout
@@ -192,4 +189,4 @@ def test_archive_replay_by_another_user_never_sends_a_user_id_the_broker_would_r
         [again] = archived(project)
         assert again.properties["message_id"] == message_id and again.properties["user_id"] == "guest"
     finally:
-        subprocess.run(["rabbitmqctl", "-q", "delete_user", user], capture_output=True)
+        rabbitmqctl("delete_user", user, check=False)
