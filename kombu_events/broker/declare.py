@@ -6,17 +6,17 @@ channel of the caller's) and the exchanges it lacks (:func:`absent_exchanges`).
 """
 from __future__ import annotations
 
-__all__ = ["declare", "declare_queue", "conflict_error", "QueueCounts", "queue_counts", "peek_queues", "peek_queue",
-           "absent_exchanges", "close_quietly"]
+__all__ = ["declare", "declare_queue", "tolerated", "conflict_error", "QueueCounts", "queue_counts", "peek_queues",
+           "peek_queue", "absent_exchanges", "close_quietly"]
 
 import logging
 import re
 from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 from amqp.exceptions import NotFound, PreconditionFailed
-from kombu import Exchange
+from kombu import Exchange, Queue
 
-from ..core.topology import Topology
+from ..core.topology import TYPE_ARGUMENTS, Topology
 from ..errors import TopologyConflictError
 
 logger = logging.getLogger(__name__)
@@ -44,16 +44,21 @@ def conflict_error(exc: PreconditionFailed, kind: str, name: str) -> TopologyCon
 
 
 def declare(topology: Topology, connection: Any) -> dict[str, int]:
-    """Declare every entity of ``topology`` on a fresh channel of ``connection``; return counts."""
+    """Declare every entity of ``topology`` on a fresh channel of ``connection``; return counts.
+
+    A queue that exists with other arguments is a TopologyConflictError, except where
+    :func:`tolerated` says the difference is one kombu-events accepts (then it is kept as it is).
+    """
     channel = connection.channel()
     try:
         counts = {"exchanges": 0, "queues": 0, "bindings": 0, "exchange_bindings": 0}
         for exchange in topology.exchanges:
             _guard("exchange", exchange.name, exchange.bind(channel).declare)
             counts["exchanges"] += 1
+        kept: list[str] = []
         for queue in topology.queues:
+            channel = _declare_queue(topology, connection, channel, queue, kept)
             bound = queue.bind(channel)
-            _guard("queue", queue.name, bound.queue_declare)
             for b in queue.bindings:
                 bound.bind_to(exchange=b.exchange.name, routing_key=b.routing_key)
                 counts["bindings"] += 1
@@ -61,10 +66,60 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
         for link in topology.exchange_bindings:
             link.destination.bind(channel).bind_to(exchange=link.source.name, routing_key=link.routing_key)
             counts["exchange_bindings"] += 1
+        if kept:
+            logger.info("kombu-events: %d queues shared by every service on exchange %s exist with another queue "
+                        "type (another service declared them first): kept as they are", len(kept),
+                        topology.settings.exchange)
         logger.info("declared topology of service %s: %s", topology.settings.service, counts)
         return counts
     finally:
         close_quietly(channel)  # a failed declare already closed it
+
+
+def tolerated(topology: Topology, queue: str) -> frozenset[str]:
+    """The arguments in which an existing ``queue`` may differ from the topology's and be kept as it is.
+
+    A queue of the exchange's shared ladder keeps the type (and what follows from it) of the
+    service that declared it first, so that classic and quorum services share an exchange. A
+    quorum queue made before kombu-events set ``x-delivery-limit`` keeps working without it
+    (a warning says what RabbitMQ 4 then does).
+    """
+    if topology.shared(queue):
+        return TYPE_ARGUMENTS
+    return frozenset({"x-delivery-limit"})
+
+
+def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any, kept: list[str]) -> Any:
+    """Declare ``queue`` on ``channel``; return the channel to go on with (a new one after a tolerated
+    conflict, whose queue's name goes in ``kept``)."""
+    try:
+        queue.bind(channel).queue_declare()
+        return channel
+    except PreconditionFailed as exc:
+        found = _INEQUIVALENT.search(str(getattr(exc, "reply_text", "") or exc))
+        allowed = tolerated(topology, queue.name)
+        if not found or found.group(1) not in allowed:
+            raise conflict_error(exc, "queue", queue.name) from exc
+        differing = found.group(1)
+    close_quietly(channel)
+    channel = connection.channel()
+    # Declared again without the tolerated arguments: any other difference is still a conflict.
+    rest = {k: v for k, v in (queue.queue_arguments or {}).items() if k not in allowed}
+    again = Queue(queue.name, durable=queue.durable, auto_delete=queue.auto_delete, queue_arguments=rest)
+    _guard("queue", queue.name, again.bind(channel).queue_declare)
+    kept.append(queue.name)
+    _log_kept(topology, queue.name, differing)
+    return channel
+
+
+def _log_kept(topology: Topology, queue: str, argument: str) -> None:
+    if topology.shared(queue):
+        logger.debug("kombu-events: shared queue %s exists with another %s: kept as it is", queue, argument)
+        return
+    logger.warning("kombu-events: quorum queue %s has no x-delivery-limit of kombu-events' (it was declared by an "
+                   "older version): on RabbitMQ 4 the broker dead-letters, or drops, a message at its 20th "
+                   "delivery. Recreate the service's queues with their messages to set it: stop its workers, "
+                   "`kombu-events migrate --to classic`, then `kombu-events migrate --to quorum`", queue)
 
 
 def _guard(kind: str, name: str, fn: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..core.topology import Topology
 from ..errors import TopologyMissingError
-from .declare import absent_exchanges, peek_queues
+from .declare import absent_exchanges, peek_queues, tolerated
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +49,25 @@ def differences(topology: Topology, listed: dict[str, dict[str, Any]]) -> list[s
     for queue in topology.queues:
         entity = listed.get(f"queue {queue.name}")
         if entity is not None:
-            found += _arguments(f"queue {queue.name!r}", getattr(queue, "queue_arguments", None) or {},
-                                entity.get("arguments") or {})
+            found += _queue_differences(topology, queue, entity)
     return found
+
+
+def _queue_differences(topology: Topology, queue: Any, entity: dict[str, Any]) -> list[str]:
+    """A queue's type is read from the listing's ``type``: RabbitMQ 4 lists ``x-queue-type: classic`` for a
+    classic queue declared without it, 3.10 lists nothing. Arguments :func:`tolerated` may differ."""
+    expected = dict(getattr(queue, "queue_arguments", None) or {})
+    actual = dict(entity.get("arguments") or {})
+    allowed = tolerated(topology, queue.name)
+    wanted_type = expected.pop("x-queue-type", "classic")
+    actual.pop("x-queue-type", None)
+    found = []
+    if "x-queue-type" not in allowed and entity.get("type", wanted_type) != wanted_type:
+        found.append(f"queue {queue.name!r} is a {entity.get('type')} queue, the code declares a {wanted_type} one")
+    for key in allowed:
+        expected.pop(key, None)
+        actual.pop(key, None)
+    return found + _arguments(f"queue {queue.name!r}", expected, actual)
 
 
 def _arguments(what: str, expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:

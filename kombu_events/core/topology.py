@@ -1,7 +1,8 @@
 """The topology of one service as unbound kombu entities (docs/topology.md); no I/O."""
 from __future__ import annotations
 
-__all__ = ["Address", "ExchangeBinding", "Topology", "build_topology"]
+__all__ = ["Address", "ExchangeBinding", "Topology", "build_topology", "NO_DELIVERY_LIMIT", "SHARED_ROLES",
+           "TYPE_ARGUMENTS"]
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
@@ -15,6 +16,20 @@ from .handlers import Handler
 
 if TYPE_CHECKING:
     from .schedule import Schedule
+
+
+#: ``x-delivery-limit`` of every quorum queue: the largest the broker takes, so that it never drops or
+#: dead-letters a message for its deliveries (RabbitMQ 4 sets 20 by default; -1 means 0 on 3.10).
+#: kombu-events counts redeliveries itself and archives a message redelivered too often (docs/failures.md).
+NO_DELIVERY_LIMIT = 2**31 - 1
+
+#: Roles of the queues every service on an exchange declares alike (its delayed-publishing ladder): the first
+#: to declare one sets its type, and the others keep it (docs/rabbitmq-versions.md).
+SHARED_ROLES = frozenset({"deferred", "unrouted"})
+
+#: The arguments that follow from the queue type; a shared queue may differ in these alone.
+TYPE_ARGUMENTS = frozenset({"x-queue-type", "x-quorum-initial-group-size", "x-dead-letter-strategy", "x-overflow",
+                            "x-delivery-limit"})
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,11 @@ class Topology:
         if s.publish_delay_levels and queue == names.unrouted_name(s.exchange):
             return "unrouted"
         return "handler"
+
+    def shared(self, queue: str) -> bool:
+        """Whether every service on the exchange declares ``queue`` (its delayed-publishing ladder): its
+        type is the first declarer's, whichever type this service uses."""
+        return self.role(queue) in SHARED_ROLES
 
     def address(self, queue: str, delay_ms: float) -> Address:
         """Exchange and routing key that bring a message to ``queue`` after ``delay_ms``.
@@ -126,9 +146,12 @@ class Topology:
 
 def _queue_args(settings: Settings, *, dead_letters: bool) -> dict[str, object]:
     if settings.queue_type != "quorum":
-        return {}
+        # Named, not left to the broker: a vhost whose default queue type is quorum (Amazon MQ on
+        # RabbitMQ 4) would make a quorum queue without the arguments below, dead-lettering at most once.
+        return {"x-queue-type": "classic"}
     args: dict[str, object] = {"x-queue-type": "quorum",
-                               "x-quorum-initial-group-size": settings.quorum_initial_group_size}
+                               "x-quorum-initial-group-size": settings.quorum_initial_group_size,
+                               "x-delivery-limit": NO_DELIVERY_LIMIT}
     if dead_letters:
         # Without these a quorum queue dead-letters at most once: a crash loses the message.
         args.update({"x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"})
@@ -195,7 +218,8 @@ def _due_exchange(settings: Settings) -> Exchange:
 def _deferred(settings: Settings, due: Exchange) -> tuple[list[Exchange], list[Queue], list[ExchangeBinding]]:
     """The events exchange's own ladder for delayed publishing, its due exchange and unrouted queue.
 
-    Shared by every service on the exchange (each declares it, idempotently). A delayed
+    Shared by every service on the exchange (each declares it, idempotently; the first to
+    declare a queue sets its type, classic or quorum, and the others keep it). A delayed
     event's key is one bit word per level, then its own key; when it comes due, the
     due exchange routes it to every handler queue bound for that key (each binds
     there with one ``*`` per level before its own binding key). An event no queue is

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 import time
 
 import pytest
 
-from ..brokers import amqp_url
+from ..brokers import amqp_url, rabbitmqctl
 from .harness import Project, ctl, own_vhost, queue_counts, run_cli, wait_for
 
 BODY = """
@@ -54,7 +53,7 @@ def apply(output: str, user: str) -> list[str]:
     lines = [line for line in output.splitlines() if line.startswith("rabbitmqctl ")]
     mine = [line for line in lines if shlex.split(line)[4] == user]
     for line in mine:
-        subprocess.run([*shlex.split(line)[:1], "-q", *shlex.split(line)[1:]], check=True, capture_output=True)
+        rabbitmqctl(*shlex.split(line)[1:])  # the broker under test's rabbitmqctl
     return mine
 
 

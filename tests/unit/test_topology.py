@@ -8,8 +8,10 @@ from kombu import Exchange, Queue, binding
 from kombu_events.core.backoff import Exponential
 from kombu_events.core.config import Settings
 from kombu_events.core.handlers import Handler
-from kombu_events.core.topology import Topology, build_topology
+from kombu_events.core.topology import NO_DELIVERY_LIMIT, Topology, build_topology
 from kombu_events.errors import DelayTooLongError
+
+CLASSIC = {"x-queue-type": "classic"}
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -53,17 +55,19 @@ def test_every_queue_with_every_argument():
     topology = build_topology(_settings(), HANDLERS)
     assert {q.name: (q.durable, dict(q.queue_arguments)) for q in topology.queues} == {
         "billing.on_order_created": (True, {
+            "x-queue-type": "classic",
             "x-dead-letter-exchange": "billing.delay.0",
             "x-dead-letter-routing-key": "0.0.1.billing.on_order_created",
         }),
         "billing.audit": (True, {
+            "x-queue-type": "classic",
             "x-dead-letter-exchange": "billing.delay.0",
             "x-dead-letter-routing-key": "0.0.1.billing.audit",
         }),
-        "billing.delay.2": (True, {"x-message-ttl": 4000, "x-dead-letter-exchange": "billing.delay.1"}),
-        "billing.delay.1": (True, {"x-message-ttl": 2000, "x-dead-letter-exchange": "billing.delay.0"}),
-        "billing.delay.0": (True, {"x-message-ttl": 1000, "x-dead-letter-exchange": "billing.delivery"}),
-        "billing.archive": (True, {"x-message-ttl": DAY_MS, "x-max-length": 500}),
+        "billing.delay.2": (True, {**CLASSIC, "x-message-ttl": 4000, "x-dead-letter-exchange": "billing.delay.1"}),
+        "billing.delay.1": (True, {**CLASSIC, "x-message-ttl": 2000, "x-dead-letter-exchange": "billing.delay.0"}),
+        "billing.delay.0": (True, {**CLASSIC, "x-message-ttl": 1000, "x-dead-letter-exchange": "billing.delivery"}),
+        "billing.archive": (True, {**CLASSIC, "x-message-ttl": DAY_MS, "x-max-length": 500}),
     }
     assert [q.name for q in topology.queues][:2] == ["billing.on_order_created", "billing.audit"]
     assert [q.name for q in topology.handler_queues] == ["billing.on_order_created", "billing.audit"]
@@ -119,10 +123,10 @@ def test_other_exchange_and_ttl_unit():
 @pytest.mark.parametrize(
     "ttl, length, expected",
     [
-        (0, 0, {}),
-        (0, 5, {"x-max-length": 5}),
-        (5, 0, {"x-message-ttl": 5}),
-        (5, 6, {"x-message-ttl": 5, "x-max-length": 6}),
+        (0, 0, {**CLASSIC}),
+        (0, 5, {**CLASSIC, "x-max-length": 5}),
+        (5, 0, {**CLASSIC, "x-message-ttl": 5}),
+        (5, 6, {**CLASSIC, "x-message-ttl": 5, "x-max-length": 6}),
     ],
 )
 def test_archive_arguments_are_omitted_when_zero(ttl, length, expected):
@@ -148,7 +152,7 @@ def test_entity_counts(handler_count, levels, publish_levels):
     assert all(q.durable for q in topology.queues) and all(e.durable for e in topology.exchanges)
 
 
-QUORUM = {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3}
+QUORUM = {"x-queue-type": "quorum", "x-quorum-initial-group-size": 3, "x-delivery-limit": NO_DELIVERY_LIMIT}
 QUORUM_DEAD_LETTERING = {**QUORUM, "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
 
 
@@ -159,9 +163,9 @@ def test_quorum_mode():
         args = dict(queue.queue_arguments)
         if queue.name == "billing.archive":
             # the archive dead-letters nothing: quorum, but no at-least-once or reject-publish
-            assert args == {**QUORUM, **classic[queue.name]}
+            assert args == {**classic[queue.name], **QUORUM}
         else:
-            assert args == {**QUORUM_DEAD_LETTERING, **classic[queue.name]}
+            assert args == {**classic[queue.name], **QUORUM_DEAD_LETTERING}
 
 
 def test_every_quorum_queue_asks_for_the_configured_number_of_replicas():
@@ -169,9 +173,10 @@ def test_every_quorum_queue_asks_for_the_configured_number_of_replicas():
     assert {q.queue_arguments["x-quorum-initial-group-size"] for q in queues} == {5}
 
 
-def test_classic_mode_sets_no_quorum_arguments():
+def test_classic_mode_names_its_type_and_sets_no_quorum_arguments():
     for queue in build_topology(_settings(), HANDLERS).queues:
-        assert not set(queue.queue_arguments or {}) & set(QUORUM_DEAD_LETTERING)
+        assert queue.queue_arguments["x-queue-type"] == "classic"  # not the vhost's default type
+        assert not set(queue.queue_arguments) & (set(QUORUM_DEAD_LETTERING) - {"x-queue-type"})
 
 
 def test_describe_lists_every_entity():
@@ -180,9 +185,10 @@ def test_describe_lists_every_entity():
     assert "exchange events type=topic durable=True" in lines
     assert "exchange billing.archive type=fanout durable=True" in lines
     assert ("queue billing.audit durable=True x-dead-letter-exchange=billing.delay.0 "
-            "x-dead-letter-routing-key=0.0.1.billing.audit") in lines
-    assert "queue billing.delay.0 durable=True x-dead-letter-exchange=billing.delivery x-message-ttl=1000" in lines
-    assert f"queue billing.archive durable=True x-max-length=500 x-message-ttl={DAY_MS}" in lines
+            "x-dead-letter-routing-key=0.0.1.billing.audit x-queue-type=classic") in lines
+    assert ("queue billing.delay.0 durable=True x-dead-letter-exchange=billing.delivery x-message-ttl=1000 "
+            "x-queue-type=classic") in lines
+    assert f"queue billing.archive durable=True x-max-length=500 x-message-ttl={DAY_MS} x-queue-type=classic" in lines
     assert "  bind queue billing.audit <- exchange events key='refunds.#'" in lines
     assert "  bind queue billing.archive <- exchange billing.archive key=''" in lines
     assert "bind exchange billing.delivery <- exchange billing.delay.0 key='*.*.0.#'" in lines
@@ -213,9 +219,10 @@ def test_describe_is_the_same_whatever_the_order_of_kombus_binding_sets():
         f"  bind queue q <- exchange events key={k!r}" for k in sorted(keys)]
 
 
-def test_describe_without_arguments_has_no_trailing_space():
+def test_describe_has_no_trailing_space():
     lines = build_topology(_settings(archive_ttl_ms=0, archive_max_length=0), []).describe()
-    assert "queue billing.archive durable=True" in lines
+    assert "queue billing.archive durable=True x-queue-type=classic" in lines
+    assert all(line == line.rstrip() for line in lines)
 
 
 def test_the_exchanges_delayed_publishing_ladder_is_shared_and_every_binding_key_is_bound_at_its_end():
@@ -231,11 +238,11 @@ def test_the_exchanges_delayed_publishing_ladder_is_shared_and_every_binding_key
     extra_queues = {q.name: (dict(q.queue_arguments or {}), _bindings(q)) for q in topology.queues
                     if q.name.startswith("events.")}
     assert extra_queues == {
-        "events.deferred.1": ({"x-message-ttl": 1000, "x-dead-letter-exchange": "events.deferred.0"},
+        "events.deferred.1": ({**CLASSIC, "x-message-ttl": 1000, "x-dead-letter-exchange": "events.deferred.0"},
                               {("events.deferred.1", "topic", "1.*.#")}),
-        "events.deferred.0": ({"x-message-ttl": 500, "x-dead-letter-exchange": "events.deferred"},
+        "events.deferred.0": ({**CLASSIC, "x-message-ttl": 500, "x-dead-letter-exchange": "events.deferred"},
                               {("events.deferred.0", "topic", "*.1.#")}),
-        "events.unrouted": ({}, {("events.unrouted", "fanout", "")}),
+        "events.unrouted": ({**CLASSIC}, {("events.unrouted", "fanout", "")}),
     }
     audit = {q.name: q for q in topology.queues}["billing.audit"]
     assert _bindings(audit) - _bindings({q.name: q for q in service.queues}["billing.audit"]) == {
@@ -289,7 +296,7 @@ def test_a_schedule_s_token_queue_is_consumed_and_its_state_queue_keeps_the_newe
     queues = {q.name: q for q in topology.queues}
     assert _bindings(queues[schedule.queue]) == {("billing.delivery", "topic", "*.*.*.billing.schedule.hourly")}
     assert queues[schedule.state_queue].queue_arguments == {
-        "x-max-length": 1, "x-overflow": "drop-head", "x-expires": 86_400_000}
+        **CLASSIC, "x-max-length": 1, "x-overflow": "drop-head", "x-expires": 86_400_000}
     assert not queues[schedule.state_queue].bindings, "written through the default exchange only"
     assert topology.role(schedule.queue) == "schedule" and topology.role(schedule.state_queue) == "state"
     assert [q.name for q in topology.handler_queues] == [*(h.queue for h in HANDLERS), schedule.queue]
