@@ -118,8 +118,8 @@ def _log_kept(topology: Topology, queue: str, argument: str) -> None:
         return
     logger.warning("kombu-events: quorum queue %s has no x-delivery-limit of kombu-events' (it was declared by an "
                    "older version): on RabbitMQ 4 the broker dead-letters, or drops, a message at its 20th "
-                   "delivery. Recreate the service's queues with their messages to set it: stop its workers, "
-                   "`kombu-events migrate --to classic`, then `kombu-events migrate --to quorum`", queue)
+                   "delivery. Recreate the service's queues with their messages to set it: stop its workers and run "
+                   "`kombu-events migrate --to quorum`", queue)
 
 
 def _guard(kind: str, name: str, fn: Any) -> None:

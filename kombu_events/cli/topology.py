@@ -101,7 +101,8 @@ def migrate_queues(obj: Context, to: str, dry_run: bool, as_json: bool) -> None:
     events = obj.events
     topology = build_topology(dataclasses.replace(events.settings, queue_type=to), events.handlers,
                               events.schedules)
-    queues = list(topology.queues)
+    # The exchange's delayed-publishing ladder is every service's: it keeps its type (docs/rabbitmq-versions.md).
+    queues = [q for q in topology.queues if not topology.shared(q.name)]
     say = (lambda line: None) if as_json else click.echo  # the JSON document holds the same
     total: int | None = None
     with obj.connection() as conn:
