@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Iterable, Mapping
 
 from amqp import Message
-from amqp.exceptions import AccessRefused, NotFound
+from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 from kombu import Connection
 
 from ..broker.confirms import RETURNED, Confirmer
@@ -141,6 +141,9 @@ class Publisher:
                 if isinstance(exc, NotFound):  # the channel is closed: nothing was delivered
                     raise PublishError(f"{exc.reply_text}: declare it "
                                        "(`kombu-events declare`, or start a consumer) before publishing") from exc
+                if isinstance(exc, PreconditionFailed) and len(results) == 1:  # refused for certain
+                    raise PublishError(f"RabbitMQ refused the message: {exc.reply_text} (from RabbitMQ 4 the "
+                                       "broker's max_message_size is 16 MiB by default)") from exc
                 if isinstance(exc, AccessRefused):  # the channel is closed: nothing was delivered
                     raise PublishError(f"{refusal_text(exc.reply_text, exc.method_sig)}; grant what "
                                        "`kombu-events -A APP permissions` prints") from exc

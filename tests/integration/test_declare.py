@@ -23,12 +23,16 @@ def conn(broker_url):
 
 @pytest.fixture
 def queues(conn):
-    """Three queues: ``full`` holds 2 messages, ``watched`` 0 and one consumer, ``single`` 1 message."""
+    """Three queues: ``full`` holds 2 messages, ``watched`` 0 and one consumer, ``single`` 1 message.
+
+    Exclusive to ``conn``, the one connection the tests peek through: a transient queue that is not
+    exclusive is deprecated in RabbitMQ 4.0 (``transient_nonexcl_queues``) and denied in 4.3.
+    """
     made = {role: unique(f"peek-{role}.") for role in ("full", "watched", "single")}
     channel = conn.channel()
     channel.confirm_select()  # a confirmed publish is in its queue: the counts are exact at once
     for name in made.values():
-        channel.queue_declare(name, durable=False, auto_delete=False)
+        channel.queue_declare(name, durable=False, exclusive=True, auto_delete=False)
     for queue, count in ((made["full"], 2), (made["single"], 1)):
         for _ in range(count):
             channel.basic_publish(Message(b"x"), exchange="", routing_key=queue)

@@ -1,5 +1,8 @@
 """Hostile input against a real prefork worker: a compression bomb, a body over max_body_bytes, JSON nested too
-deep, and publishers= with two real RabbitMQ users. Each is archived with its reason; the pool stays small."""
+deep, and publishers= with two real RabbitMQ users. Each is archived with its reason; the pool stays small.
+
+The worker's own limit is set below 16 MiB here: RabbitMQ 4 refuses any larger message at publish (its default
+``max_message_size``), so a body over the default ``max_body_bytes`` (16 MiB) never reaches a worker there."""
 from __future__ import annotations
 
 import zlib
@@ -8,17 +11,19 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ..brokers import amqp_url, rabbitmqctl
-from .harness import Project, get_messages, publish_amqp, unique, wait_for
+from ..brokers import amqp_url, rabbitmqctl, version
+from .harness import Project, get_messages, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
 #: The pool process's peak RSS (VmHWM) may not exceed this after the bomb: inflating it all would take 1 GiB.
 POOL_PEAK_BOUND_MIB = 200
+#: The worker's max_body_bytes in HOSTILE_APP: half of RabbitMQ 4's largest message, so a body over it gets through.
+MAX_BODY_BYTES = 8 * MiB
 
-HOSTILE_APP = """
-events = Events(app, service=SERVICE, exchange=EXCHANGE)
+HOSTILE_APP = f"""
+events = Events(app, service=SERVICE, exchange=EXCHANGE, max_body_bytes={MAX_BODY_BYTES})
 
 @events.handler("hostile.#")
 def take(payload):
@@ -33,6 +38,22 @@ def _bomb(inflated: int = 1024 * MiB) -> bytes:
         parts.append(compressor.compress(zeros))
     parts.append(compressor.flush())
     return b"".join(parts)
+
+
+def _publish_confirmed(url: str, exchange: str, routing_key: str, body: bytes, **properties: object) -> None:
+    """Publish as ``publish_amqp`` does, then wait for the broker's confirm: a refusal fails the test, saying why."""
+    import amqp
+    from kombu import Connection
+
+    with Connection(url) as conn:
+        channel = conn.channel()
+        try:
+            channel.basic_publish_confirm(amqp.Message(body, **properties), exchange=exchange,
+                                          routing_key=routing_key, mandatory=True, confirm_timeout=60)
+        except (amqp.exceptions.AMQPError, amqp.exceptions.MessageNacked, TimeoutError) as exc:
+            pytest.fail(f"RabbitMQ {'.'.join(map(str, version()))} refused {routing_key!r} ({len(body)} bytes): "
+                        f"{exc!r}", pytrace=False)
+        channel.close()
 
 
 def _pool_children(pid: int) -> list[int]:
@@ -57,13 +78,13 @@ def test_a_bomb_a_huge_body_and_deep_json_are_archived_and_the_pool_stays_small(
 
     bomb = _bomb()
     assert len(bomb) < 1.1 * MiB
-    publish_amqp(url, project.exchange, "hostile.bomb", bomb, content_type="application/json", message_id="bomb",
-                 application_headers={"compression": "application/x-gzip"})
-    publish_amqp(url, project.exchange, "hostile.big", b'{"pad": "' + b"x" * (20 * MiB) + b'"}',
-                 content_type="application/json", message_id="big")
-    publish_amqp(url, project.exchange, "hostile.deep", b"[" * 100_000 + b"]" * 100_000,
-                 content_type="application/json", message_id="deep")
-    publish_amqp(url, project.exchange, "hostile.ok", b'{"n": 1}', content_type="application/json")
+    big = b'{"pad": "' + b"x" * MAX_BODY_BYTES + b'"}'  # over the worker's limit, under any broker's
+    _publish_confirmed(url, project.exchange, "hostile.bomb", bomb, content_type="application/json",
+                       message_id="bomb", application_headers={"compression": "application/x-gzip"})
+    _publish_confirmed(url, project.exchange, "hostile.big", big, content_type="application/json", message_id="big")
+    _publish_confirmed(url, project.exchange, "hostile.deep", b"[" * 100_000 + b"]" * 100_000,
+                       content_type="application/json", message_id="deep")
+    _publish_confirmed(url, project.exchange, "hostile.ok", b'{"n": 1}', content_type="application/json")
 
     wait_for(lambda: project.records(handler="take"), timeout=60, what="the normal event handled")
     archived: dict[str, object] = {}
@@ -74,15 +95,16 @@ def test_a_bomb_a_huge_body_and_deep_json_are_archived_and_the_pool_stays_small(
           f"worker main process peak {_peak_rss_mib(worker.proc.pid):.0f} MiB")
     assert after < POOL_PEAK_BOUND_MIB, f"the pool process peaked at {after:.0f} MiB"
     reasons = {mid: m.headers["kombu-events-reason"] for mid, m in archived.items()}  # type: ignore[attr-defined]
-    assert reasons["bomb"] == (f"body of {len(bomb)} bytes inflates beyond max_body_bytes={16 * MiB} "
+    assert reasons["bomb"] == (f"body of {len(bomb)} bytes inflates beyond max_body_bytes={MAX_BODY_BYTES} "
                                f"(compression 'application/x-gzip')")
-    assert reasons["big"] == f"body of {20 * MiB + 11} bytes is larger than max_body_bytes={16 * MiB}"
+    assert reasons["big"] == f"body of {len(big)} bytes is larger than max_body_bytes={MAX_BODY_BYTES}"
+    assert archived["big"].body == big  # type: ignore[attr-defined]
     assert "not valid JSON" in reasons["deep"] and "RecursionError" in reasons["deep"]
     assert archived["bomb"].body == bomb  # type: ignore[attr-defined]  # the archive keeps what was published
 
     assert _pool_children(worker.proc.pid) == [child]  # the same pool process: it never died
 
-    publish_amqp(url, project.exchange, "hostile.ok", b'{"n": 2}', content_type="application/json")
+    _publish_confirmed(url, project.exchange, "hostile.ok", b'{"n": 2}', content_type="application/json")
     wait_for(lambda: len(project.records(handler="take")) == 2, timeout=30, what="a normal event afterwards")
     assert sorted(r["n"] for r in project.records(handler="take")) == [1, 2]
 
@@ -132,11 +154,11 @@ def test_publishers_runs_the_handler_only_for_events_of_the_users_named(tmp_path
         project = Project(tmp_path, _url(broker_url, worker_user, vhost), PUBLISHERS_APP % {"allowed": allowed})
         project.worker().wait_ready()
         as_allowed, as_other = _url(broker_url, allowed, vhost), _url(broker_url, other, vhost)
-        publish_amqp(as_allowed, project.exchange, "orders.1", b'{"n": 1}', user_id=allowed, app_id="shop",
-                     message_id="m1")
-        publish_amqp(as_allowed, project.exchange, "orders.2", b'{"n": 2}', user_id=allowed, message_id="m2")
-        publish_amqp(as_other, project.exchange, "orders.3", b'{"n": 3}', user_id=other, message_id="m3")
-        publish_amqp(as_other, project.exchange, "orders.4", b'{"n": 4}', message_id="m4")  # no user_id
+        _publish_confirmed(as_allowed, project.exchange, "orders.1", b'{"n": 1}', user_id=allowed, app_id="shop",
+                           message_id="m1")
+        _publish_confirmed(as_allowed, project.exchange, "orders.2", b'{"n": 2}', user_id=allowed, message_id="m2")
+        _publish_confirmed(as_other, project.exchange, "orders.3", b'{"n": 3}', user_id=other, message_id="m3")
+        _publish_confirmed(as_other, project.exchange, "orders.4", b'{"n": 4}', message_id="m4")  # no user_id
         assert "PRECONDITION_FAILED" in _forged(as_other, project.exchange, user_id=allowed)  # RabbitMQ checks it
 
         wait_for(lambda: len(project.records(handler="take")) >= 3, timeout=30, what="3 handler calls")
