@@ -103,10 +103,13 @@ def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any
         differing = found.group(1)
     close_quietly(channel)
     channel = connection.channel()
-    # Declared again without the tolerated arguments: any other difference is still a conflict.
-    rest = {k: v for k, v in (queue.queue_arguments or {}).items() if k not in allowed}
-    again = Queue(queue.name, durable=queue.durable, auto_delete=queue.auto_delete, queue_arguments=rest)
-    _guard("queue", queue.name, again.bind(channel).queue_declare)
+    if topology.shared(queue.name):
+        # Of the other type: a quorum queue also checks arguments the request lacks, so only that it exists.
+        channel.queue_declare(queue.name, passive=True)
+    else:  # declared again without the limit: any other difference is still a conflict
+        rest = {k: v for k, v in (queue.queue_arguments or {}).items() if k not in allowed}
+        again = Queue(queue.name, durable=queue.durable, auto_delete=queue.auto_delete, queue_arguments=rest)
+        _guard("queue", queue.name, again.bind(channel).queue_declare)
     kept.append(queue.name)
     _log_kept(topology, queue.name, differing)
     return channel
