@@ -4,9 +4,13 @@ Messages are read with ``basic_get`` (replay and browse: a consumer) and no ack;
 not acked goes back to the archive when the channel closes (in its place, a crash of the
 process included). Replay republishes (mandatory) through the delivery exchange, addressed
 to the original queue, and acks the archived original in the same AMQP transaction: copy
-and ack take effect together, at the commit, or neither does. A selective purge acks the
-messages that match and nothing else: the others go back when the channel closes, as
-after a listing.
+and ack take effect together, at the commit, or neither does (a connection lost first).
+A copy whose queue is deleted before the commit is not delivered: RabbitMQ 3.x returns it
+at the commit; RabbitMQ 4 refuses the commit (``partial tx completion``) after the acks and
+the other copies took effect. On both, replay publishes the original of every copy not
+delivered to the archive again and keeps it, and on RabbitMQ 4 reads on from a fresh
+channel (:func:`replay`). A selective purge acks the messages that match and nothing else:
+the others go back when the channel closes, as after a listing.
 
 Every operation selects alike: the archive's messages in order, those that ``match``,
 at most ``limit`` of them (:func:`read` finds what :func:`replay` or :func:`purge`
@@ -22,13 +26,14 @@ import logging
 import socket
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 from amqp import Message
+from amqp.exceptions import ChannelError
 
-from ..broker.declare import peek_queue, queue_counts
+from ..broker.declare import close_quietly, peek_queue, queue_counts
 from ..core import headers as wire
 from ..core.topology import Topology
 
@@ -155,13 +160,18 @@ class ReplayProgress:
 
     Nothing else needs remembering across a lost connection: copies and the acks of their
     originals take effect together, at a commit (:func:`replay`), so the archive read again
-    holds exactly the messages whose copies were not sent.
+    holds exactly the messages whose copies were not sent. (A commit that RabbitMQ 4 refuses
+    after it took effect in part is settled within the same call, on the same connection.)
     """
 
     #: Copies committed (their originals removed from the archive in the same commit), over every connection.
     copies_confirmed: int = 0
-    #: Transactions committed, over every connection.
+    #: Transactions committed (in part too, see :func:`replay`), over every connection.
     commits: int = 0
+
+
+#: Why the original of a copy not delivered at its commit is kept (the same words on every broker version).
+_ARCHIVED_AGAIN = "returned by the broker (its queue was deleted during the replay); archived again"
 
 
 def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
@@ -184,77 +194,34 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
     connection lost before the commit's answer leaves both or neither: an original is back
     in the archive exactly when its copy was not sent, so a replay run again (the console's
     job connects again and calls this again) sends each message once: none lost, none twice.
+    A lost connection raises (py-amqp's or the socket's error).
 
-    A copy addressed to a queue that does not exist is never sent (its original stays); one
-    the broker returns all the same (its queue was deleted meanwhile) has its original
-    published to the archive again, in a commit of its own at once, and is kept.
+    A copy addressed to a queue that does not exist is never sent (its original stays in its
+    place). A queue deleted after that check and before the commit:
+
+    - RabbitMQ 3.x returns its copies at the commit (``basic.return``), which succeeds: the
+      originals' acks take effect.
+    - RabbitMQ 4 refuses the commit (``PRECONDITION_FAILED - partial tx completion``) and closes
+      the channel, the connection alive, after the acks of the transaction took effect and so
+      did its copies to queues that exist. Each copy of it that was returned or whose queue is
+      gone (a passive declare) counts as not delivered, every other one as replayed; the replay
+      reads on from a fresh channel (the closed one's unacked messages went back to their
+      places; those already looked at are passed over, never looked at or kept twice). Logged
+      at WARNING, with counts.
+
+    Either way the original of a copy not delivered is published to the archive again as it was
+    archived (at the archive's end), in a commit of its own, and kept: nothing replayed is lost.
     """
-    channel = _channel(connection)
-    replayed: list[ArchivedMessage] = []
-    kept: list[tuple[ArchivedMessage, str]] = []
-    handler_queues = {q.name for q in topology.handler_queues}
-    userid = getattr(connection, "userid", None)
-    arrived: deque[Any] = deque()
-    acks = _Acks(channel)
-    open_tx = _Transaction(channel, acks, topology, replayed, kept, progress)
-    unsendable: dict[str, str | None] = {}  # target queue -> why nothing can be sent to it (None: it exists)
-    chosen, finished = 0, False
+    request = _Request(match, limit, to_queue, dict(stamp or {}), edits, getattr(connection, "userid", None),
+                       window, commit_every_s, idle_s)
+    run = _Replay(connection, topology, request, progress)
     try:
-        total = queue_counts(channel, topology.archive_exchange).messages
-        if total <= 0 or (limit is not None and limit <= 0):
-            return replayed, kept
-        channel.tx_select()
-        channel.events["basic_return"].add(open_tx.returned)
-        channel.basic_qos(0, total if total <= 65_535 else 0, False)
-        channel.basic_consume(topology.archive_exchange, no_ack=False, callback=arrived.append)
-        seen = 0
-        while seen < total and (limit is None or chosen < limit):
-            if not arrived or open_tx.due(window, commit_every_s):
-                open_tx.commit()  # also before any wait: what was sent takes effect first
-            if not arrived:
-                try:
-                    connection.drain_events(timeout=idle_s)
-                except socket.timeout:
-                    break  # messages expired meanwhile
-                continue
-            seen += 1
-            message = _parse(arrived.popleft())
-            acks.delivered(message.delivery_tag)
-            if not match(message):
-                acks.leave()
-                continue
-            chosen += 1
-            target = to_queue or message.queue
-            if target not in unsendable:
-                unsendable[target] = _unsendable(connection, target, handler_queues)
-            why = unsendable[target]
-            if why is not None:
-                acks.leave()
-                kept.append((message, why))
-                continue
-            headers = {**wire.replay_headers(message.headers), **(stamp or {})}
-            edited = edits is not None and message.id in edits
-            if edited:
-                headers[ORIGINAL_ID] = message.id
-            properties = wire.republish_properties(message.properties, headers, userid=userid)
-            if edited:
-                properties["message_id"] = uuid.uuid4().hex
-            body = edits[message.id] if edits is not None and edited else message.body
-            address = topology.address(target, 0)
-            channel.basic_publish(Message(body, **properties), exchange=address.exchange,
-                                  routing_key=address.routing_key, mandatory=True)
-            acks.ack(message.delivery_tag)
-            open_tx.sent(message, properties.get("message_id"), address.routing_key, body)
-        open_tx.commit()
-        finished = True
-        return replayed, kept
-    finally:
-        try:
-            channel.close()  # an open transaction is rolled back: every message not acked goes back
-        except Exception as exc:
-            if finished:
-                raise
-            logger.debug("closing the replay's channel after an error failed too: %s", exc)
+        run.run()
+    except BaseException:
+        run.close(quietly=True)  # an open transaction is rolled back: every message not acked goes back
+        raise
+    run.close()
+    return run.replayed, run.kept
 
 
 def _unsendable(connection: Any, queue: str, handler_queues: set[str]) -> str | None:
@@ -266,65 +233,287 @@ def _unsendable(connection: Any, queue: str, handler_queues: set[str]) -> str | 
     return None
 
 
-class _Transaction:
-    """The copies sent in the replay channel's open transaction, and what its commit settles."""
+@dataclass(frozen=True)
+class _Request:
+    """What :func:`replay` was asked to do (its arguments but the connection, the topology and the progress)."""
 
-    def __init__(self, channel: Any, acks: _Acks, topology: Topology, replayed: list[ArchivedMessage],
-                 kept: list[tuple[ArchivedMessage, str]], progress: ReplayProgress | None) -> None:
-        self.channel, self.acks, self.topology = channel, acks, topology
-        self.replayed, self.kept, self.progress = replayed, kept, progress
-        #: (original, (copy's message id, routing key, body)) of each copy sent since the last commit.
-        self.copies: list[tuple[ArchivedMessage, tuple[Any, Any, bytes]]] = []
-        #: (message id, routing key, body) of each copy the broker returned.
+    match: Callable[[ArchivedMessage], bool]
+    limit: int | None
+    to_queue: str | None
+    stamp: Mapping[str, Any]
+    edits: Mapping[str, bytes] | None
+    userid: str | None
+    window: int
+    commit_every_s: float
+    idle_s: float
+
+    def copy_of(self, message: ArchivedMessage) -> tuple[bytes, dict[str, Any]]:
+        """Body and properties of ``message``'s copy; an edited one under a new id, the original's in a header."""
+        headers = {**wire.replay_headers(message.headers), **self.stamp}
+        edited = self.edits.get(message.id) if self.edits is not None else None
+        if edited is not None:
+            headers[ORIGINAL_ID] = message.id
+        properties = wire.republish_properties(message.properties, headers, userid=self.userid)
+        if edited is None:
+            return message.body, properties
+        properties["message_id"] = uuid.uuid4().hex
+        return edited, properties
+
+
+@dataclass
+class _Copy:
+    """A copy sent in the open transaction: its original, the queue it is for, and how a return of it reads."""
+
+    original: ArchivedMessage
+    queue: str
+    #: (message id, routing key, body), as :meth:`_Transaction.returned` notes a returned message.
+    returned_as: tuple[Any, Any, bytes]
+
+
+def _undelivered(copies: list[_Copy], returns: list[tuple[Any, Any, bytes]],
+                 gone: set[str]) -> tuple[list[_Copy], list[_Copy]]:
+    """(delivered, not delivered) of one transaction's copies: not delivered, each copy the broker returned
+    (one return settles one copy) and each copy for a queue ``gone`` (looked up after a refused commit)."""
+    unmatched = list(returns)
+    delivered: list[_Copy] = []
+    back: list[_Copy] = []
+    for copy in copies:
+        if copy.returned_as in unmatched:
+            unmatched.remove(copy.returned_as)
+            back.append(copy)
+        elif copy.queue in gone:
+            back.append(copy)
+        else:
+            delivered.append(copy)
+    return delivered, back
+
+
+class _Settled:
+    """Messages this replay settled that the archive delivers to it again, counted by id: those it left
+    (back in their places when their channel closes) and those it archived again (at the archive's end).
+
+    A delivery of one is passed over: no message is looked at, kept or archived again twice. (An id
+    repeats in the archive only for one message archived twice: each of its deliveries counts.)
+    """
+
+    def __init__(self) -> None:
+        self.again: Counter[str] = Counter()  # settled ones the current channel may deliver
+        self.held: Counter[str] = Counter()  # left unacked on the current channel: the next one delivers them
+
+    def passed_over(self, key: str) -> bool:
+        """Whether this delivery of ``key`` is a message settled before (then left again)."""
+        if self.again[key] <= 0:
+            return False
+        self.again[key] -= 1
+        self.held[key] += 1
+        return True
+
+    def left(self, key: str) -> None:
+        self.held[key] += 1
+
+    def archived_again(self, key: str) -> None:
+        self.again[key] += 1
+
+    def channel_closed(self) -> None:
+        """Every message left unacked on the channel just closed is back in the archive."""
+        self.again.update(self.held)
+        self.held.clear()
+
+    def expected(self) -> int:
+        """How many deliveries may still be of settled messages."""
+        return sum(self.again.values())
+
+
+class _Transaction:
+    """The copies sent in the replay's open transaction, and the returns noted since the last commit."""
+
+    def __init__(self) -> None:
+        self.copies: list[_Copy] = []
+        #: (message id, routing key, body) of each message the broker returned.
         self.returns: list[tuple[Any, Any, bytes]] = []
         self.began = 0.0
 
-    def sent(self, message: ArchivedMessage, message_id: Any, routing_key: Any, body: bytes) -> None:
+    def sent(self, copy: _Copy) -> None:
         if not self.copies:
             self.began = time.monotonic()
-        self.copies.append((message, (message_id, routing_key, body)))
+        self.copies.append(copy)
 
     def due(self, window: int, every_s: float) -> bool:
         return bool(self.copies) and (len(self.copies) >= window or time.monotonic() - self.began >= every_s)
 
     def returned(self, exc: Any, exchange: Any, routing_key: Any, message: Any) -> None:
-        """py-amqp callback, inside the commit's wait (a return comes before the commit's answer): note only."""
+        """py-amqp callback, inside a commit's wait (a return comes before the commit's answer): note only."""
         self.returns.append((message.properties.get("message_id"), routing_key, bytes(message.body or b"")))
 
-    def commit(self) -> None:
-        """Commit the copies with the acks of their originals; archive again the originals of copies returned."""
-        if not self.copies:
+    def ended(self) -> tuple[list[_Copy], list[tuple[Any, Any, bytes]]]:
+        """The copies and the returns of the transaction just ended; the next one starts empty."""
+        copies, self.copies = self.copies, []
+        return copies, self.take_returns()
+
+    def take_returns(self) -> list[tuple[Any, Any, bytes]]:
+        returns, self.returns = self.returns, []
+        return returns
+
+
+class _Replay:
+    """One call of :func:`replay`: the channel it reads and copies on, and what it did so far."""
+
+    def __init__(self, connection: Any, topology: Topology, request: _Request,
+                 progress: ReplayProgress | None) -> None:
+        self.connection, self.topology, self.request, self.progress = connection, topology, request, progress
+        self.replayed: list[ArchivedMessage] = []
+        self.kept: list[tuple[ArchivedMessage, str]] = []
+        self.handler_queues = {q.name for q in topology.handler_queues}
+        self.unsendable: dict[str, str | None] = {}  # target queue -> why nothing can be sent to it (None: it exists)
+        self.tx, self.settled = _Transaction(), _Settled()
+        self.arrived: deque[Any] = deque()
+        self.total = self.seen = self.chosen = 0
+        self.channel: Any = None
+        self.acks = _Acks(None)
+
+    def run(self) -> None:
+        """Look at every message in the archive at the start, in order (or until ``limit`` are chosen,
+        or none arrives for ``idle_s``: messages expired meanwhile); copy those that match."""
+        self._open()
+        self.total = queue_counts(self.channel, self.topology.archive_exchange).messages
+        if not self._wanted():
+            return
+        self._consume()
+        while self._wanted() and self._step():
+            pass
+        self._commit()
+
+    def close(self, *, quietly: bool = False) -> None:
+        """Close the channel; ``quietly``: after an error (a failure to close is logged at debug)."""
+        if self.channel is not None and quietly:
+            close_quietly(self.channel)
+        elif self.channel is not None:
+            self.channel.close()
+
+    def _wanted(self) -> bool:
+        limit = self.request.limit
+        return self.seen < self.total and (limit is None or self.chosen < limit)
+
+    def _open(self) -> None:
+        """A fresh channel in a transaction (returns noted), its deliveries counted from 1."""
+        self.channel = _channel(self.connection)
+        self.channel.tx_select()
+        self.channel.events["basic_return"].add(self.tx.returned)
+        self.acks = _Acks(self.channel)
+        self.arrived.clear()  # deliveries of a closed channel: back in the archive
+
+    def _consume(self) -> None:
+        """Consume the archive from its head; the prefetch holds every message still to look at and every
+        settled one delivered again (each may stay unacked until the channel closes)."""
+        prefetch = self.total - self.seen + self.settled.expected()
+        self.channel.basic_qos(0, prefetch if prefetch <= 65_535 else 0, False)  # 0: no limit (a short at most)
+        self.channel.basic_consume(self.topology.archive_exchange, no_ack=False, callback=self.arrived.append)
+
+    def _step(self) -> bool:
+        """Commit when due; look at the next message, or wait for one (False: none came in ``idle_s``)."""
+        if not self.arrived or self.tx.due(self.request.window, self.request.commit_every_s):
+            self._commit()  # also before any wait: what was sent takes effect first
+        if self.arrived:
+            self._look_at(_parse(self.arrived.popleft()))
+            return True
+        try:
+            self.connection.drain_events(timeout=self.request.idle_s)
+        except socket.timeout:
+            return False  # messages expired meanwhile
+        return True
+
+    def _look_at(self, message: ArchivedMessage) -> None:
+        """Pass over a message settled before; else leave it, keep it (its queue cannot take it) or copy it."""
+        self.acks.delivered(message.delivery_tag)
+        if self.settled.passed_over(message.id):
+            self.acks.leave()
+            return
+        self.seen += 1
+        if not self.request.match(message):
+            self._leave(message)
+            return
+        self.chosen += 1
+        queue = self.request.to_queue or message.queue
+        if queue not in self.unsendable:
+            self.unsendable[queue] = _unsendable(self.connection, queue, self.handler_queues)
+        why = self.unsendable[queue]
+        if why is not None:
+            self.kept.append((message, why))
+            self._leave(message)
+            return
+        self._send(message, queue)
+
+    def _leave(self, message: ArchivedMessage) -> None:
+        """``message`` stays in the archive: unacked, it goes back to its place when the channel closes."""
+        self.acks.leave()
+        self.settled.left(message.id)
+
+    def _send(self, message: ArchivedMessage, queue: str) -> None:
+        """Publish the copy (mandatory) and ack the original, both in the open transaction."""
+        body, properties = self.request.copy_of(message)
+        address = self.topology.address(queue, 0)
+        self.channel.basic_publish(Message(body, **properties), exchange=address.exchange,
+                                   routing_key=address.routing_key, mandatory=True)
+        self.acks.ack(message.delivery_tag)
+        self.tx.sent(_Copy(message, queue, (properties.get("message_id"), address.routing_key, body)))
+
+    def _commit(self) -> None:
+        """Commit the copies with the acks of their originals, and settle them."""
+        if not self.tx.copies:
             return
         self.acks.flush(every=True)
-        self.channel.tx_commit()
-        copies, self.copies = self.copies, []
-        returns, self.returns = self.returns, []
-        back = []
-        for message, copy in copies:
-            if copy in returns:
-                returns.remove(copy)
-                back.append(message)
-            else:
-                self.replayed.append(message)
+        try:
+            self.channel.tx_commit()
+        except ChannelError as exc:  # not the connection's: py-amqp reopened the channel, the connection alive
+            self._refused(exc)
+            return
+        self._settle(gone=set())
+
+    def _refused(self, exc: ChannelError) -> None:
+        """The broker refused the commit and closed the channel (RabbitMQ 4: ``partial tx completion``, a copy's
+        queue deleted meanwhile) after the acks and the copies to queues that exist took effect. The copies
+        for queues gone are not delivered; the replay reads on from a fresh channel."""
+        sent = len(self.tx.copies)
+        gone = {queue for queue in {copy.queue for copy in self.tx.copies}
+                if peek_queue(self.connection, queue) is None}
+        close_quietly(self.channel)  # as py-amqp reopened it: no transaction, no consumer
+        self.settled.channel_closed()
+        self._open()
+        back = self._settle(gone)
+        logger.warning("kombu-events: the broker refused a replay's commit after it took effect in part (%s): "
+                       "%d copies sent, %d delivered, %d not (their queue is gone; originals archived again); "
+                       "reading on from a fresh channel", exc, sent, sent - len(back), len(back))
+        if self._wanted():
+            self._consume()
+
+    def _settle(self, gone: set[str]) -> list[_Copy]:
+        """Count the transaction's delivered copies; archive again the originals of the others (returned)."""
+        copies, returns = self.tx.ended()
+        delivered, back = _undelivered(copies, returns, gone)
+        self.replayed.extend(copy.original for copy in delivered)
         if self.progress is not None:
-            self.progress.copies_confirmed += len(copies) - len(back)
+            self.progress.copies_confirmed += len(delivered)
             self.progress.commits += 1
+        for copy in back:
+            self.unsendable.pop(copy.queue, None)  # look at the queue again before the next copy for it
         if back:
-            self._archive_again(back)
+            self._archive_again([copy.original for copy in back])
+        return back
 
     def _archive_again(self, back: list[ArchivedMessage]) -> None:
-        """Originals whose copies the broker returned (their queue was deleted mid-replay), as they were archived."""
+        """The originals of copies not delivered, as they were archived, to the archive in a commit of their own."""
         for message in back:
             self.channel.basic_publish(Message(message.body, **message.properties),
                                        exchange=self.topology.archive_exchange,
                                        routing_key=wire.as_sent(message.routing_key), mandatory=True)
         self.channel.tx_commit()
-        lost, self.returns = self.returns, []
-        why = "returned by the broker (its queue was deleted during the replay); archived again"
-        self.kept.extend((message, why) for message in back)
+        lost = self.tx.take_returns()
+        self.kept.extend((message, _ARCHIVED_AGAIN) for message in back)
+        for message in back:
+            self.settled.archived_again(message.id)  # at the archive's end: not to be read again as new
         if lost:  # the archive queue itself is gone: nothing more can keep them
-            logger.error("kombu-events: %d replayed messages were returned by the broker and could not be "
-                         "archived again (is the archive queue %s gone?): %s", len(lost),
+            logger.error("kombu-events: %d replayed messages were not delivered and could not be archived "
+                         "again (is the archive queue %s gone?): %s", len(lost),
                          self.topology.archive_exchange, ", ".join(str(m) for m, _, _ in lost))
 
 

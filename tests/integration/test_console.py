@@ -6,6 +6,7 @@ are in test_console_browser.py.
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -15,7 +16,7 @@ from starlette.testclient import TestClient
 from kombu_events.console import AuthSettings, ConsoleSettings, create_app
 from kombu_events.console.audit import BY_HEADER, JOB_HEADER
 from kombu_events.console.jobs import RECOVERABLE
-from kombu_events.ops.archive import ORIGINAL_ID, browse, read, replay
+from kombu_events.ops.archive import ORIGINAL_ID, ReplayProgress, browse, read, replay
 
 from .console_helpers import SAME_ORIGIN, Seeded, basic, seeded
 from .harness import queue_depth, wait_for
@@ -312,6 +313,56 @@ def test_a_connection_lost_before_the_commit_sends_nothing_and_removes_nothing(s
     assert (len(replayed), kept) == (6, [])
     taken = service.take("orders") + service.take("users")
     assert sorted(m.properties["message_id"] for m in taken) == sorted(every)
+
+
+@pytest.fixture
+def three_queues(broker_url):
+    yield from seeded(broker_url, handlers=("orders", "users", "billing"))
+
+
+def test_a_queue_deleted_inside_a_transaction_loses_nothing_and_settles_each_message_once(three_queues, caplog):
+    """Copies for three queues share one transaction (``window=5``), one queue deleted before its commit.
+    RabbitMQ 3.x returns that queue's copies at the commit; RabbitMQ 4 refuses the commit after the rest took
+    effect (``partial tx completion``) and the replay reads on from a fresh channel. On both, every archived
+    message ends up exactly once, in its queue or in the archive, and is looked at and reported once."""
+    service, url = three_queues, three_queues.broker_url
+    names = ["o1", "x1", "u1", "n1", "b1", "o2", "u2", "b2", "o3", "u3"]  # x: no queue of the service; n: no match
+    targets = {"o": "orders", "u": "users", "b": "billing", "x": "other", "n": "orders"}
+    ids = service.archive([(targets[n[0]], f"{targets[n[0]]}.{n}", "KeyError: x", n.encode()) for n in names])
+    name = dict(zip(ids, names))
+    looked_at = []
+
+    def match(message):
+        looked_at.append(name[message.id])
+        if len(looked_at) == 1:  # every message on its way to the replay: all read before the next copy is sent
+            wait_for(lambda: queue_depth(url, service.queue("archive"))[0] == 0, 10, what="all delivered")
+        if name[message.id] == "u2":  # users was looked up for u1: u2's copy is sent all the same, then a commit
+            with Connection(url) as conn:
+                conn.default_channel.queue_delete(service.queue("users"))
+        return name[message.id] != "n1"
+
+    progress = ReplayProgress()
+    with Connection(url) as conn, caplog.at_level(logging.WARNING, logger="kombu_events.ops.archive"):
+        conn.connect()
+        refuses = int(conn.connection.server_properties["version"].split(".")[0]) >= 4
+        replayed, kept = replay(conn, service.events.topology(), match, window=5, commit_every_s=3600,
+                                progress=progress)
+
+    assert looked_at == names  # each once, in order: none read again as new, after a fresh channel neither
+    assert sorted(name[m.id] for m in replayed) == ["b1", "b2", "o1", "o2", "o3"] and progress.copies_confirmed == 5
+    again = "returned by the broker (its queue was deleted during the replay); archived again"
+    gone = (f"queue {service.queue('users')!r} does not exist on the broker (declare it, or replay to "
+            "another queue)")
+    assert [(name[m.id], why) for m, why in kept] == [
+        ("x1", f"queue {service.queue('other')!r} is not a queue of this service"), ("u1", again), ("u2", again),
+        ("u3", gone)]
+    archived = _read_all(service)
+    assert [name[m.id] for m in archived] == ["x1", "n1", "u3", "u1", "u2"]  # archived again: at the end
+    assert (archived[3].body, archived[3].reason) == (b"u1", "gave up after 3 attempts: KeyError: x")
+    delivered = service.take("orders") + service.take("billing")
+    assert sorted(name[m.properties["message_id"]] for m in delivered) == ["b1", "b2", "o1", "o2", "o3"]
+    refused = [r.getMessage() for r in caplog.records if "refused a replay's commit" in r.getMessage()]
+    assert len(refused) == refuses and all("5 copies sent, 3 delivered, 2 not" in r for r in refused)
 
 
 def _read_all(service: Seeded) -> list:
