@@ -143,7 +143,10 @@ def failure_reason(exc: BaseException, url: str = "") -> str:
         return f"TLS: {text}"
     text = str(exc) or type(exc).__name__
     plain = url and not any(parse_url(one).get("transport") in TLS_SCHEMES for one in url.split(";") if one.strip())
-    if plain and isinstance(_root(exc), (ConnectionResetError, ConnectionAbortedError, EOFError)):
+    root = _root(exc)
+    # 3.10's TLS listener resets a plain AMQP handshake; 4.0's closes it, which py-amqp reads as an OSError.
+    hung_up = isinstance(root, OSError) and "unexpectedly closed connection" in str(root)
+    if plain and (hung_up or isinstance(root, (ConnectionResetError, ConnectionAbortedError, EOFError))):
         text += " (if that port takes TLS only: use amqps:// and broker_use_ssl)"
     return text
 

@@ -13,6 +13,8 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
+#: The broker the page's run was made on.
+DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672//"
 TOOL = Path(__file__).resolve().parents[2] / "docs" / "_tools" / "tutorial_run.py"
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 UNREACHABLE = 3  # the tool's exit status when RabbitMQ or its management API cannot be reached
@@ -20,6 +22,9 @@ TIMEOUT_S = 180  # a run takes about 15 s
 
 
 def test_the_tutorial_shows_what_a_run_of_it_prints(broker_url):
+    if broker_url != DEFAULT_BROKER_URL:
+        pytest.skip("docs/tutorial.md shows a run on the reader's broker, the host's RabbitMQ 3.10 on 5672 "
+                    "(its status prints the broker's version and URL)")
     tool = subprocess.Popen([sys.executable, str(TOOL), "--check", "--broker", broker_url],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
