@@ -17,6 +17,7 @@ __all__ = [
     "UnroutableError",
     "ConfirmTimeoutError",
     "BrokerUnavailableError",
+    "BrokerTooOldError",
     "BacklogError",
     "BacklogFullError",
     "DecodeError",
@@ -76,6 +77,11 @@ class ConfirmTimeoutError(PublishError):
 
 class BrokerUnavailableError(KombuEventsError):
     """The broker could not be reached (the URL in the message has its password masked)."""
+
+
+class BrokerTooOldError(KombuEventsError):
+    """A feature the service uses needs a newer RabbitMQ than the broker runs; the message names the feature,
+    the version it needs, the broker (its URL's password masked) and the version it runs."""
 
 
 class BacklogError(KombuEventsError):

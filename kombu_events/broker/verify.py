@@ -17,6 +17,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from ..core.config import management_base_url
+from ..core.logs import safe_url
 from ..core.topology import Topology
 from ..errors import TopologyMissingError
 from .declare import absent_exchanges, peek_queues, tolerated
@@ -77,9 +79,10 @@ def _arguments(what: str, expected: dict[str, Any], actual: dict[str, Any]) -> l
 
 def check(topology: Topology, connection: Any, *, command: str, management_url: str | None = None) -> None:
     """Raise TopologyMissingError, naming every missing or different entity and ``command``, unless the
-    broker holds ``topology``; the management API's view is compared when it answers."""
+    broker holds ``topology``; the management API's view (at ``management_url``, else at the service's
+    ``management_url`` setting) is compared when it answers."""
     problems = missing(topology, connection)
-    listed = _listing(connection, management_url)
+    listed = _listing(connection, management_url or topology.settings.management_url)
     if listed is not None:
         problems += differences(topology, listed)
     if problems:
@@ -95,13 +98,14 @@ def check(topology: Topology, connection: Any, *, command: str, management_url: 
 def _listing(connection: Any, management_url: str | None) -> dict[str, dict[str, Any]] | None:
     """Every queue and exchange of the connection's vhost from the management API, None if it does not answer.
 
-    Never over a TLS connection unless ``management_url`` names the API: the default is plain HTTP on port
-    15672, and the worker's credentials must not cross the network in the clear when its AMQP does not.
+    Never over a TLS connection unless ``management_url`` (the setting, or the caller's) names the API: the
+    default is plain HTTP on port 15672, and the worker's credentials must not cross the network in the clear
+    when its AMQP does not.
     """
-    if management_url is None and getattr(connection, "ssl", None):
+    if not management_url and getattr(connection, "ssl", None):
         logger.debug("kombu-events: management API not asked: the broker connection is TLS and no URL was given")
         return None
-    base = (management_url or f"http://{connection.hostname}:15672").rstrip("/")
+    base = management_base_url(management_url, connection.hostname)
     vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
     token = base64.b64encode(f"{connection.userid}:{connection.password}".encode()).decode()
     listed: dict[str, dict[str, Any]] = {}
@@ -112,6 +116,6 @@ def _listing(connection: Any, management_url: str | None) -> dict[str, dict[str,
             with urllib.request.urlopen(request, timeout=MANAGEMENT_TIMEOUT_S) as response:
                 listed.update({f"{kind} {entry['name']}": entry for entry in json.load(response)})
     except Exception as exc:  # no plugin, not reachable, or a user without a management tag
-        logger.debug("kombu-events: management API %s not usable: %s", base, exc)
+        logger.debug("kombu-events: management API %s not usable: %s", safe_url(base), exc)
         return None
     return listed

@@ -1,8 +1,8 @@
-"""The commands that look at a running service and change nothing: ``status`` (ready/unacked messages and
-consumers of every queue, delay level and the archive; exit 2 past ``--max-archive``), ``health`` (exit 2 and
-one line per problem, for a readiness probe or an alert; exit 1 when the broker cannot be reached) and
-``schedules`` (each periodic schedule's period, last run and next due time, read from its state queue on the
-broker)."""
+"""The commands that look at a running service and change nothing: ``status`` (the broker's version, then
+ready/unacked messages and consumers of every queue, delay level and the archive; exit 2 past ``--max-archive``),
+``health`` (exit 2 and one line per problem, for a readiness probe or an alert; exit 1 when the broker cannot be
+reached) and ``schedules`` (each periodic schedule's period, last run and next due time, read from its state
+queue on the broker)."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,6 +11,8 @@ import click
 from amqp.exceptions import NotFound
 from kombu import Connection
 
+from ..broker.version import broker_name, describe, reported_version
+from ..core.config import check_management_url
 from ..core.logs import safe_text, safe_url
 from ..core.schedule import summary
 from ..errors import BrokerUnavailableError
@@ -27,19 +29,24 @@ SCHEDULE_KEYS = ("schedule", "every_s", "catch_up", "queue", "last_run", "last_d
 @click.command()
 @json_option("status", "a JSON array on stdout instead, one object per queue")
 @click.option("--max-archive", type=click.IntRange(min=0), help="Exit 2 when the archive holds more messages.")
-@click.option("--management-url", help="RabbitMQ management API (default http://<broker host>:15672).")
+@click.option("--management-url", help="RabbitMQ management API (default: the management_url setting, else "
+                                        "http://<broker host>:15672).")
 @click.pass_obj
 @guarded
 def status(obj: Context, as_json: bool, max_archive: int | None, management_url: str | None) -> None:
-    """Ready/unacked messages and consumers of every queue, delay level and the archive.
+    """The broker's version, then ready/unacked messages and consumers of every queue, delay level and the archive.
 
     A handler queue with no consumer shows as PAUSED: its circuit breaker is open, or no worker runs.
     """
+    if management_url is not None:
+        check_management_url(management_url, setting="--management-url")
     with obj.connection() as conn:
         rows = gather(conn, obj.events.topology(), management_url)
+        broker, version = describe(conn), reported_version(conn)
     if as_json:
-        emit_json([r.as_dict() for r in rows])
+        emit_json([{**r.as_dict(), "broker_version": version} for r in rows])
     else:
+        click.echo(f"broker: {broker}")
         click.echo(f"{'queue':<48} {'role':<8} {'ready':>8} {'unacked':>8} {'consumers':>9}  state")
         for r in rows:
             cells = ["-" if v is None else str(v) for v in (r.ready, r.unacked, r.consumers)]
@@ -77,20 +84,22 @@ def health(obj: Context, as_json: bool, max_archive: int | None) -> None:
     """
     topology = obj.events.topology()
     rows: list[Any] = []
-    unreachable = False
+    unreachable, name, version = False, "", None
     try:
         with obj.connection() as conn:
             rows = gather(conn, topology)
             found = problems(rows, missing=missing_exchanges(conn, topology), max_archive=max_archive)
+            name, version = broker_name(conn), reported_version(conn)
     except BrokerUnavailableError as exc:
         found, unreachable = [f"broker: {safe_text(str(exc))}"], True
     if as_json:
-        emit_json({"healthy": not found, "problems": found, "queues": [r.as_dict() for r in rows]})
+        emit_json({"healthy": not found, "problems": found, "broker_version": version,
+                   "queues": [{**r.as_dict(), "broker_version": version} for r in rows]})
     else:
         for line in found:
             click.echo(line)
         if not found:
-            click.echo(f"healthy: {obj.events.service} on {safe_url(obj.url)}")
+            click.echo(f"healthy: {obj.events.service} on {safe_url(obj.url)} ({name})")
     if unreachable:
         failed()
     if found:

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..broker.declare import declare
+from ..broker.version import QUORUM_QUEUES, require
 from ..core.logs import safe_url
 from ..core.topology import Topology, build_topology
 from ..ops import migrate
@@ -43,6 +44,8 @@ def declare_topology(obj: Context, dry_run: bool, fmt: str, as_json: bool) -> No
                 click.echo(line)
         return
     with obj.connection() as conn:
+        if topology.settings.queue_type == "quorum":
+            require(conn, *QUORUM_QUEUES)
         counts = declare(topology, conn)
     if as_json:
         emit_json({"service": topology.settings.service, "broker": safe_url(obj.url),

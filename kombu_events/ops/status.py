@@ -2,7 +2,8 @@
 ``health``) and the depths the metrics watch (handler queues, delay ladder, archive).
 
 Every count is read with passive declares (:func:`kombu_events.broker.declare.peek_queues`);
-``unacked`` comes from the management API when it is reachable.
+``unacked`` comes from the management API when it is reachable (at ``--management-url``, else the
+service's ``management_url`` setting, else ``http://<broker host>:15672``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from typing import Any, Iterable, NamedTuple
 
 from ..broker.declare import peek_queues
 from ..core import names
+from ..core.config import management_base_url
+from ..core.logs import safe_url
 from ..core.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -66,14 +69,14 @@ def _management(connection: Any, queue: str, base_url: str) -> dict[str, Any] | 
             found: dict[str, Any] = json.load(response)
             return found
     except Exception as exc:  # no management plugin, or not reachable: fall back to AMQP counts
-        logger.debug("management API %s not usable: %s", base_url, exc)
+        logger.debug("management API %s not usable: %s", safe_url(base_url), exc)
         return None
 
 
 def gather(connection: Any, topology: Topology, management_url: str | None = None) -> list[QueueStatus]:
-    """Status of every queue of ``topology`` (AMQP counts; unacked from the management API)."""
-    if management_url is None:
-        management_url = f"http://{connection.hostname}:15672"
+    """Status of every queue of ``topology`` (AMQP counts; unacked from the management API at
+    ``management_url``, else at the service's ``management_url`` setting, else on the broker's host)."""
+    management_url = management_base_url(management_url or topology.settings.management_url, connection.hostname)
     counts = peek_queues(connection, [q.name for q in topology.queues])
     found = []
     use_api = True

@@ -19,8 +19,9 @@ from celery.exceptions import WorkerShutdown
 from .. import database, registry
 from ..broker import green_writes, lenient_amqp as wire_guard
 from ..broker.connections import tls_options
+from ..broker.version import describe
 from ..core.config import resolve_metrics_settings
-from ..errors import ConfigurationError, TopologyMissingError
+from ..errors import BrokerTooOldError, ConfigurationError, TopologyMissingError
 from ..integrations import sentry
 from . import task_queues
 from .consumer import ServiceConsumer
@@ -92,6 +93,8 @@ class EventsStep(bootsteps.StartStopStep):
         An exception goes on to Celery, named by service here: a connection error makes
         it reconnect and start the step again, any other error stops the worker.
         """
+        if self.consumers:  # once per connection: Celery starts the step again on every reconnect
+            logger.info("kombu-events: connected to %s", describe(c.connection))
         if self.consumers and getattr(c.pool, "is_green", False):  # handlers' greenlets settle on this connection
             green_writes.serialize_writes(c.connection)
         for consumer in self.consumers:
@@ -153,13 +156,13 @@ def _declare_command(services: list[Any]) -> Callable[[Any], str]:
 
 @contextmanager
 def _refusing(what: str, consumer: ServiceConsumer) -> Iterator[None]:
-    """As :func:`_naming`; a topology that is not there (declare=False) or a permission the broker refuses
-    stops the worker (exit 1) before it takes a message: Celery would log either with a traceback, and
-    retry a refusal (a channel error) for ever."""
+    """As :func:`_naming`; a topology that is not there (declare=False), a permission the broker refuses or a
+    broker too old for the service stops the worker (exit 1) before it takes a message: Celery would log
+    either with a traceback, and retry a refusal (a channel error) for ever."""
     try:
         with _naming(what, consumer):
             yield
-    except (TopologyMissingError, AccessRefused) as exc:
+    except (TopologyMissingError, AccessRefused, BrokerTooOldError) as exc:
         raise WorkerShutdown(1) from exc
 
 

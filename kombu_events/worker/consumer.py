@@ -34,6 +34,7 @@ from kombu import Consumer
 from ..broker import verify
 from ..broker.confirms import Confirmer
 from ..broker.declare import declare
+from ..broker.version import QUORUM_QUEUES, require
 from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core import decision
 from ..core.delivery import Delivery, read_delivery
@@ -115,6 +116,8 @@ class ServiceConsumer:
         # Jobs of the last connection that are still running call back into the old count, not this one.
         self._jobs, self._connection_jobs = 0, self._connection_jobs + 1
         if self.settings.declare:
+            if self.settings.queue_type == "quorum":
+                require(connection, *QUORUM_QUEUES)
             declare(self.topology, connection)
         else:  # on every reconnect too: someone may have deleted a queue meanwhile
             verify.check(self.topology, connection, command=self.declare_command)

@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from kombu import Connection
 
-from ..brokers import MANAGEMENT_URL, RABBITMQCTL, rabbitmqctl
+from ..brokers import MANAGEMENT_URL, PORT, RABBITMQCTL, rabbitmqctl
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_DIR = ROOT / "tests" / "node"
@@ -125,6 +125,12 @@ class Project:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(self.dir), str(ROOT), env.get("PYTHONPATH", "")])
         env.pop("RABBIT_URL", None)
+        # The shared node's management API (4.0's is not on port 15672); a node of a test's own (its own
+        # port: a cluster, a TLS node) keeps the default, the management API on its host's port 15672.
+        if urlsplit(self.broker_url.split(";")[0]).port == PORT:
+            env["KOMBU_EVENTS_MANAGEMENT_URL"] = MANAGEMENT_URL
+        else:
+            env.pop("KOMBU_EVENTS_MANAGEMENT_URL", None)
         return env
 
     def worker(self, *args: str, events: bool = True, pool: str = "solo", concurrency: int = 1) -> Worker:

@@ -20,9 +20,11 @@ from kombu import Connection
 
 from kombu_events.core import headers as wire
 from kombu_events.core.config import Settings
+from kombu_events.core.logs import safe_url
 from kombu_events.core.topology import build_topology
 from kombu_events.ops.archive import ArchivedMessage, purge
 
+from .. import brokers
 from .harness import (
     Project,
     _names,
@@ -244,6 +246,78 @@ def test_status_shows_every_queue_and_alerts_on_the_archive(make_project):
     cli(project, "status", "--max-archive", "1")
     cli(project, "archive", "purge", "--yes")
     cli(project, "status", "--max-archive", "0")
+
+
+HOLDING_APP = """
+events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_levels=2)
+
+@events.handler("hold.#")
+def hold(payload):
+    record(held=True)
+    time.sleep(120)  # the message stays unacked while the test looks (the worker is killed at the end)
+"""
+
+#: A management API nothing answers at (port 9, discard: refused at once on loopback).
+DEAD_MANAGEMENT_URL = "http://127.0.0.1:9"
+
+
+def cli_env(project: Project, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``kombu-events -A <module> ARGS`` with ``env`` over the project's environment."""
+    command = [str(Path(sys.executable).parent / "kombu-events"), "-A", project.module, *args]
+    return subprocess.run(command, cwd=project.dir, env={**project.env(), **env}, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_status_reads_unacked_counts_from_the_management_api_the_setting_names_and_shows_the_version(
+        make_project):
+    """Project.env() sets KOMBU_EVENTS_MANAGEMENT_URL to the node's API (on 4.0 not at the guessed :15672)."""
+    project = make_project(HOLDING_APP)
+    hold = queue(project, "hold")
+    worker = project.worker().wait_ready()
+    send(project, "hold.1")
+    wait_for(lambda: project.records(held=True), what="the handler holds the message")
+
+    def unacked() -> Any:
+        rows = one_document("status", cli(project, "status", "--json").stdout)
+        return {r["queue"]: r["unacked"] for r in rows}[hold] == 1 and rows
+
+    rows = wait_for(unacked, timeout=20, interval=0.5, what="status --json shows the held message as unacked")
+    running = brokers.version()
+    versions = {r["broker_version"] for r in rows}
+    assert len(versions) == 1 and None not in versions, versions
+    [reported] = versions
+    if running:  # rabbitmqctl's word for the version the broker reported at connect
+        assert tuple(int(part) for part in reported.split(".")[:3]) == running, (reported, running)
+
+    text = cli(project, "status").stdout.splitlines()
+    assert text[0] == f"broker: RabbitMQ {reported} at {safe_url(project.broker_url)}", text[0]
+    assert text[1].startswith("queue ")
+
+    elsewhere = cli_env(project, "status", "--json", KOMBU_EVENTS_MANAGEMENT_URL=DEAD_MANAGEMENT_URL)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert {r["unacked"] for r in json.loads(elsewhere.stdout)} == {None}, "the setting, not the guess, is asked"
+    flag_wins = cli_env(project, "status", "--json", "--management-url", brokers.MANAGEMENT_URL,
+                        KOMBU_EVENTS_MANAGEMENT_URL=DEAD_MANAGEMENT_URL)
+    assert {r["queue"]: r["unacked"] for r in json.loads(flag_wins.stdout)}[hold] == 1, flag_wins.stderr
+
+    connected = [line for line in worker.log.splitlines() if "kombu-events: connected to" in line]
+    assert len(connected) == 1, connected  # one connection, one line
+    assert connected[0].endswith(f"kombu-events: connected to RabbitMQ {reported} at "
+                                 f"{safe_url(project.broker_url)}"), connected[0]
+
+
+def test_an_invalid_management_url_is_one_line_naming_it_with_its_password_masked(make_project):
+    project = make_project()
+    for args, env, named in [
+        (("status",), {"KOMBU_EVENTS_MANAGEMENT_URL": f"http://admin:{PASSWORD}@127.0.0.1:15672"},
+         "KOMBU_EVENTS_MANAGEMENT_URL='http://**@127.0.0.1:15672' (setting management_url)"),
+        (("status", "--management-url", f"amqp://admin:{PASSWORD}@127.0.0.1"), {},
+         "--management-url='amqp://**@127.0.0.1' is not a management API URL (scheme amqp)"),
+    ]:
+        result = cli_env(project, *args, **env)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert named in one_line(result.stderr) and "Traceback" not in result.stderr, result.stderr
+        assert PASSWORD not in result.stdout + result.stderr
 
 
 # -- archive list / show / replay -------------------------------------------------------------------

@@ -118,7 +118,9 @@ def test_the_json_of_every_command_validates_against_its_schema(make_project, tm
     assert all(q["exists"] and q["matches"] and q["why"] is None for q in stay["queues"])
     quorum = cli(project, "migrate", "--to", "quorum", "--dry-run", "--json")
     plan_quorum = one_document("migrate", quorum.stdout)
-    assert [q["queue"] for q in plan_quorum["queues"]] == [q["name"] for q in plan["queues"]]
+    # every queue but the exchange's shared delayed-publishing ladder, which keeps its type (other services use it)
+    assert [q["queue"] for q in plan_quorum["queues"]] == [q["name"] for q in plan["queues"]
+                                                           if q["role"] not in ("deferred", "unrouted")]
     assert all(q["exists"] and not q["matches"] and q["why"] for q in plan_quorum["queues"])
     assert {st["action"] for st in plan_quorum["steps"]} == {"declare-holding", "bind", "unbind", "move", "delete",
                                                               "declare"}

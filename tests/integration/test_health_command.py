@@ -6,7 +6,10 @@ import json
 
 import pytest
 
-from .harness import publish_amqp, queue_depth, run_cli, wait_for
+from kombu_events.core.logs import safe_url
+
+from .. import brokers
+from .harness import management_queue, publish_amqp, queue_depth, run_cli, wait_for
 from .json_schemas import assert_valid
 
 pytestmark = pytest.mark.integration
@@ -26,6 +29,14 @@ def orders(payload):
 def users(payload):
     pass
 """
+
+
+def assert_reported_version(reported: str) -> str:
+    """``reported`` (a ``broker_version``) if it is the version of the node the tests run on, as rabbitmqctl says."""
+    assert isinstance(reported, str) and reported, reported
+    if brokers.version():
+        assert tuple(int(part) for part in reported.split(".")[:3]) == brokers.version(), reported
+    return reported
 
 
 def health(project, *args: str, code: int):
@@ -53,6 +64,9 @@ def test_a_missing_topology_then_queues_without_consumers_are_problems(make_proj
     assert result.stdout.splitlines() == [f"queue {s}.orders: {why}", f"queue {s}.users: {why}"]
     report = json.loads(health(project, "--json", code=2).stdout)
     assert report["healthy"] is False and report["problems"] == result.stdout.splitlines()
+    assert_valid("health", report)
+    assert_reported_version(report["broker_version"])
+    assert {q["broker_version"] for q in report["queues"]} == {report["broker_version"]}
     assert {q["queue"]: q["consumers"] for q in report["queues"] if q["role"] == "handler"} == {
         f"{s}.orders": 0, f"{s}.users": 0}
 
@@ -63,6 +77,15 @@ def test_a_running_worker_is_healthy_until_the_archive_holds_more_than_the_thres
     project.worker().wait_ready()
     wait_for(lambda: queue_depth(project.broker_url, f"{s}.users")[1] == 1, what="the worker consumes")
     assert health(project, "--max-archive", "0", code=0).stdout.startswith(f"healthy: {s} on amqp://guest:**@")
+    report = assert_valid("health", json.loads(health(project, "--json", code=0).stdout))
+    version = assert_reported_version(report["broker_version"])
+    assert health(project, code=0).stdout == f"healthy: {s} on {safe_url(project.broker_url)} (RabbitMQ {version})\n"
+    # Unacked counts from the management API Project.env() names (KOMBU_EVENTS_MANAGEMENT_URL): on 4.0 it is not
+    # at the guessed http://127.0.0.1:15672. A new queue's counters reach the API with its first statistics.
+    wait_for(lambda: "messages_unacknowledged" in management_queue(project.broker_url, f"{s}.users"),
+             timeout=10, interval=0.2, what="management statistics of the users queue")
+    report = json.loads(health(project, "--json", code=0).stdout)
+    assert {q["queue"]: q["unacked"] for q in report["queues"]}[f"{s}.users"] == 0
 
     for n in range(2):
         publish_amqp(project.broker_url, project.exchange, "orders.1.created", b'{"poison": true}',
@@ -81,7 +104,7 @@ def test_an_unreachable_broker_is_one_problem_with_the_password_masked(make_proj
     [line] = report["problems"]
     assert line.startswith("broker: cannot reach the broker at amqp://user:**@127.0.0.1:1//"), line
     assert PASSWORD not in result.stdout + result.stderr
-    assert report == {"healthy": False, "problems": [line], "queues": []}
+    assert report == {"healthy": False, "problems": [line], "broker_version": None, "queues": []}
     assert_valid("health", report)
     text = run_cli(project, "--broker", UNREACHABLE_URL, "health")
     assert (text.returncode, text.stdout) == (1, line + "\n"), "an error, not a threshold: exit 1"
