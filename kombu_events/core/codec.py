@@ -1,7 +1,8 @@
-"""Decoding of message bodies by content type, with an accept list (pickle only if asked)."""
+"""Decoding of message bodies by content type, with an accept list (pickle only if asked) and a closed
+list of text encodings."""
 from __future__ import annotations
 
-__all__ = ["accept_set", "decode", "decompress", "JSON", "MAX_BODY_BYTES"]
+__all__ = ["accept_set", "decode", "decompress", "text_encoding", "BINARY", "ENCODINGS", "JSON", "MAX_BODY_BYTES"]
 
 import bz2
 import json
@@ -17,6 +18,25 @@ from kombu.serialization import loads, prepare_accept_content
 from ..errors import ConfigurationError, DecodeError
 
 JSON = "application/json"
+#: kombu's ``content_encoding`` for a body that is not text: it is never decoded.
+BINARY = "binary"
+
+#: The ``content_encoding`` labels a body may carry (compared lower-cased, ``_`` read as ``-``) and the
+#: codec each names. Nothing else is decoded: Python's other codecs include punycode (time quadratic
+#: in the body), zlib and bz2 (no bound on what they inflate to), rot13, base64, uu...
+ENCODINGS = {
+    **dict.fromkeys(("utf-8", "utf8"), "utf-8"),
+    **dict.fromkeys(("utf-16", "utf16"), "utf-16"),
+    **dict.fromkeys(("utf-16-be", "utf-16be"), "utf-16-be"),
+    **dict.fromkeys(("utf-16-le", "utf-16le"), "utf-16-le"),
+    **dict.fromkeys(("utf-32", "utf32"), "utf-32"),
+    **dict.fromkeys(("utf-32-be", "utf-32be"), "utf-32-be"),
+    **dict.fromkeys(("utf-32-le", "utf-32le"), "utf-32-le"),
+    **dict.fromkeys(("latin-1", "latin1", "iso-8859-1", "iso8859-1"), "latin-1"),
+    **dict.fromkeys(("ascii", "us-ascii"), "ascii"),
+    **dict.fromkeys((BINARY, "ascii-8bit"), BINARY),  # Ruby's name for raw bytes, which kombu skips too
+}
+_NAMES = "utf-8, utf-16, utf-32 (each also -be or -le), latin-1 (iso-8859-1), ascii and binary"
 
 #: Default of the ``max_body_bytes`` setting: 16 MiB, RabbitMQ 4's default ``max_message_size``.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -30,15 +50,32 @@ def accept_set(accept: Iterable[str]) -> frozenset[str]:
         raise ConfigurationError(f"accept_content={list(accept)!r}: {exc}") from exc
 
 
+def text_encoding(content_encoding: Any) -> str | None:
+    """The codec a ``content_encoding`` label names, as :data:`ENCODINGS` maps it (``binary``: no decoding);
+    None when there is no label (unset or empty).
+
+    Raises DecodeError, naming the label (escaped), for any other value.
+    """
+    if content_encoding is None or content_encoding == "":
+        return None
+    codec = ENCODINGS.get(content_encoding.lower().replace("_", "-")) \
+        if isinstance(content_encoding, str) and content_encoding.isascii() else None
+    if codec is None:
+        # repr() shows every control character escaped; an AMQP label is at most 255 bytes long.
+        raise DecodeError(f"content encoding {content_encoding!r} is not accepted: only {_NAMES} are")
+    return codec
+
+
 def decode(body: bytes, content_type: str | None, content_encoding: str | None, accept: frozenset[str]) -> Any:
     """Decoded payload; a message without a content type is tried as JSON.
 
-    Raises DecodeError when the type is not accepted or the body does not parse --
-    and nothing else, whatever the body (a JSON document nested too deep for the
-    parser is undecodable too).
+    Raises DecodeError when the text encoding or the type is not accepted or the body
+    does not parse -- and nothing else, whatever the body (a JSON document nested too
+    deep for the parser is undecodable too).
     """
+    codec = text_encoding(content_encoding)
     if isinstance(body, str):  # a channel with auto_decode on: back to the bytes that were sent
-        body = _bytes(body, content_encoding)
+        body = _bytes(body, codec)
     # MIME types are case-insensitive and may carry parameters ("application/json; charset=utf-8").
     content_type = (content_type if isinstance(content_type, str) else "") or JSON
     content_type = content_type.split(";", 1)[0].strip().lower() or JSON
@@ -46,10 +83,10 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
         try:
             # Decode by the label first: json.loads(bytes) would guess UTF-16/32 on its own and
             # take a body labelled utf-8 that is not. "binary" (kombu's word for raw) means no label.
-            if content_encoding and content_encoding.lower() != "binary":
-                return json.loads(body.decode(content_encoding))
+            if codec is not None and codec != BINARY:
+                return json.loads(body.decode(codec))
             return json.loads(body)
-        except Exception as exc:  # ValueError, UnicodeError, LookupError, RecursionError, ...
+        except Exception as exc:  # ValueError, UnicodeError, RecursionError, ...
             raise DecodeError(f"body is not valid JSON in {content_encoding or 'utf-8'}: "
                               f"{type(exc).__name__}: {exc}") from exc
     if content_type not in accept:
@@ -57,18 +94,18 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
             f"content type {content_type!r} is not accepted (accept_content: {', '.join(sorted(accept))})"
         )
     try:
-        return loads(body, content_type, content_encoding or "utf-8", accept=accept)
+        return loads(body, content_type, codec or "utf-8", accept=accept)
     except ContentDisallowed as exc:
         raise DecodeError(str(exc)) from exc
     except Exception as exc:
         raise DecodeError(f"body does not decode as {content_type}: {type(exc).__name__}: {exc}") from exc
 
 
-def _bytes(body: str, content_encoding: str | None) -> bytes:
+def _bytes(body: str, codec: str | None) -> bytes:
     try:
-        return body.encode(content_encoding or "utf-8")
-    except Exception as exc:  # LookupError, UnicodeEncodeError
-        raise DecodeError(f"body arrived as text that does not encode as {content_encoding!r}: {exc}") from exc
+        return body.encode(codec if codec not in (None, BINARY) else "utf-8")
+    except Exception as exc:  # UnicodeEncodeError
+        raise DecodeError(f"body arrived as text that does not encode as {codec or 'utf-8'}: {exc}") from exc
 
 
 def decompress(body: bytes, compression: Any, *, max_bytes: int = MAX_BODY_BYTES) -> bytes:

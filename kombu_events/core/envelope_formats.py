@@ -17,6 +17,9 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Mapping, NamedTuple
 
+from ..errors import DecodeError
+from .codec import text_encoding
+
 
 class Malformed(ValueError):
     """What is wrong with an envelope, in words (the caller adds which envelope it was)."""
@@ -182,6 +185,8 @@ def _json_object(wire: Wire) -> dict[str, Any]:
         if not isinstance(body, str):
             body = bytes(body).decode(_charset(wire.content_type, wire.content_encoding))
         document = json.loads(body)
+    except DecodeError as exc:  # a label outside the closed list of text encodings
+        raise Malformed(str(exc)) from None
     except (TypeError, ValueError, LookupError, RecursionError) as exc:  # UnicodeError is a ValueError
         raise Malformed(f"body is not JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(document, dict):
@@ -190,10 +195,13 @@ def _json_object(wire: Wire) -> dict[str, Any]:
 
 
 def _charset(content_type: str | None, content_encoding: str | None) -> str:
-    if isinstance(content_encoding, str) and content_encoding and content_encoding.lower() != "binary":
-        return content_encoding
+    """The codec of a JSON envelope's text, from the closed list only (codec.text_encoding raises otherwise)."""
+    codec = text_encoding(content_encoding)
+    if codec is not None and codec != "binary":
+        return codec
     found = re.search(r';\s*charset\s*=\s*"?([^";\s]+)', content_type or "", re.IGNORECASE)
-    return found.group(1) if found else "utf-8"
+    charset = text_encoding(found.group(1)) if found else None
+    return charset if charset not in (None, "binary") else "utf-8"
 
 
 def _text(value: Any, what: str) -> str | None:
