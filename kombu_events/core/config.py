@@ -49,6 +49,7 @@ LIMITS = {
     "traceback_limit": (0, 60_000),
     "quorum_initial_group_size": (1, 999),
     "max_body_bytes": (1, 2**31 - 1),
+    "inflight_max_bytes": (0, 2**40),
     "async_concurrency": (1, 10_000),
     "inbox_retention_ms": (0, 2**53),
     "outbox_poll_interval_ms": (1, 3_600_000),
@@ -84,6 +85,10 @@ class Settings:
     accept_content: tuple[str, ...] = ("application/json",)
     #: Largest body a handler gets, as received and once inflated (a ``compression`` header); larger: archived.
     max_body_bytes: int = MAX_BODY_BYTES
+    #: Body bytes a worker holds for this service, received and not settled (0: no budget). Past it the
+    #: worker takes no more until some are settled; each consumer's prefetch is capped so that bodies of
+    #: ``max_body_bytes`` fit it. One body larger than the budget is still taken, alone.
+    inflight_max_bytes: int = 256 * 1024 * 1024
     traceback_limit: int = 2000
     django_connections: str = "close"
     circuit_breaker: CircuitBreaker | None = None  # every handler's, unless it says otherwise; off by default

@@ -7,7 +7,10 @@ decides for each message on its own, and :meth:`ServiceConsumer._execute` carrie
 A republish (retry, requeue, archive) is confirmed before the original is acked, so a crash
 in between duplicates, never loses. A republish the broker refuses (ACCESS_REFUSED: the user lost
 *write* on a delay exchange or the archive) is no fault of the message: it is left
-unacked and its queue paused until the worker restarts, with one ERROR line.
+unacked and its queue paused until the worker restarts, with one ERROR line. The bodies held, received and
+not settled, stay within the service's ``inflight_max_bytes``: an
+:class:`~kombu_events.worker.inflight.InflightBudget` caps each consumer's prefetch and says when to cancel
+the consumers and when to consume again.
 
 Every method that kombu, py-amqp, the pool or the hub calls logs what went wrong and
 returns: an exception escaping into Celery's event loop ends the worker. An effect
@@ -43,6 +46,7 @@ from ..middleware.control import Control
 from ..registry import Route
 from . import awaiting, runner
 from .batching import BUDGET_MS, Batcher, max_messages
+from .inflight import InflightBudget
 from .mailbox import Mailbox
 from .screening import announce, screen
 
@@ -100,6 +104,17 @@ class ServiceConsumer:
         #: prefork pool drops the jobs it had not yet written to a process, and those never call back.
         self._jobs, self._processes, self._since = 0, 1, 0.0
         self._connection_jobs = 0
+        #: Bodies received and not settled, against ``inflight_max_bytes`` (counted anew on each connection).
+        self.budget = InflightBudget(max_bytes=self.settings.inflight_max_bytes,
+                                     body_bytes=self.settings.max_body_bytes, consumers=len(self.routes))
+        #: The messages counted in the budget: id(message) -> body bytes.
+        self._held: dict[int, int] = {}
+        #: Whether the consumers are cancelled because the budget is spent; whether that is being looked at.
+        self._throttled = self._budget_posted = False
+        #: The prefetch each queue's consumer was last asked to start with (None: its own), for a restart.
+        self._wanted: dict[str, int | None] = {}
+        #: The prefetch the consumers' channel gives a consumer started now.
+        self._qos = 0
 
     # -- lifecycle (Celery restarts the consumer blueprint on every reconnect) ---------------
 
@@ -115,6 +130,10 @@ class ServiceConsumer:
         self._check_pool(pool)
         # Jobs of the last connection that are still running call back into the old count, not this one.
         self._jobs, self._connection_jobs = 0, self._connection_jobs + 1
+        # What the last connection delivered is the broker's again (redelivered): nothing held on this one.
+        self.budget.reset()
+        self._held, self._wanted = {}, {}
+        self._throttled = self._budget_posted = False
         if self.settings.declare:
             if self.settings.queue_type == "quorum":
                 require(connection, *QUORUM_QUEUES)
@@ -128,7 +147,8 @@ class ServiceConsumer:
         channel = connection.channel()
         channel.auto_decode = False  # handlers get the body bytes as published, never a str
         channel.message_to_python = partial(_as_published, channel)
-        channel.basic_qos(0, self.prefetch_count, False)
+        self._qos = self.budget.prefetch(self.prefetch_count)
+        channel.basic_qos(0, self._qos, False)
         self._channels = [channel, self._open_publisher()]
         self._consumers = {
             r.handler.queue: Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False,
@@ -140,7 +160,7 @@ class ServiceConsumer:
         self._batch.max_messages = 1
         self._more_to_read = _never
         if hub is not None:  # with an event loop, batches: what one read of the loop brings goes to the pool at once
-            in_flight = sum(self._prefetch.get(r.handler.queue, self.prefetch_count) for r in self.routes)
+            in_flight = sum(self._prefetch_of(r.handler.queue, None) for r in self.routes)
             self._processes = max(1, getattr(pool, "limit", 1) or 1)
             self._batch.max_messages = max_messages(in_flight=in_flight, processes=self._processes)
             # solo runs a batch on the event loop itself: a batch of sync handlers would hold heartbeats
@@ -216,6 +236,9 @@ class ServiceConsumer:
         consumer = self._consumers.get(queue)
         if consumer is None or not self._started:
             return  # not consuming now: consume() starts it, unless it is paused again by then
+        if self._throttled:
+            self._wanted[queue] = prefetch  # started with it once the budget allows
+            return
         if queue in self._active:
             if prefetch is None:
                 return  # a pause that never took effect: consuming already
@@ -223,18 +246,70 @@ class ServiceConsumer:
         self._subscribe(queue, prefetch)
 
     def _subscribe(self, queue: str, prefetch: int | None) -> None:
-        """Start ``queue``'s consumer with ``prefetch`` (else its handler's own, else the service's)."""
+        """Start ``queue``'s consumer with ``prefetch`` (else its handler's own, else the service's), within
+        the budget."""
         consumer = self._consumers[queue]
-        if prefetch is None:
-            prefetch = self._prefetch.get(queue)
+        self._wanted[queue] = prefetch
+        count = self._prefetch_of(queue, prefetch)
         channel: Any = consumer.channel
         with answer_within(self._connection, doing=f"starting the consumer of {queue}"):
-            if prefetch is not None:
-                channel.basic_qos(0, prefetch, False)  # applies to consumers started from now on
+            if count != self._qos:
+                channel.basic_qos(0, count, False)  # applies to consumers started from now on
+                self._qos = count
             consumer.consume()
             self._active.add(queue)
-            if prefetch is not None:
-                channel.basic_qos(0, self.prefetch_count, False)
+
+    def _prefetch_of(self, queue: str, prefetch: int | None) -> int:
+        """The prefetch of ``queue``'s consumer started now: ``prefetch``, else its handler's, else the
+        service's; at most its share of what the budget has room for."""
+        wanted = self._prefetch.get(queue, self.prefetch_count) if prefetch is None else prefetch
+        return self.budget.prefetch(wanted)
+
+    # -- the budget of bytes in flight (inflight_max_bytes) -------------------------------------------
+
+    def _take(self, message: Any) -> None:
+        """Count a message received in the budget."""
+        size = _body_size(message)
+        self._held[id(message)] = size
+        self.budget.take(size)
+        self._budget_changed()
+
+    def _release(self, message: Any) -> None:
+        """A message counted in the budget is settled, or no longer ours to settle (idempotent)."""
+        size = self._held.pop(id(message), None)
+        if size is not None:
+            self.budget.settle(size)
+            self._budget_changed()
+
+    def _budget_changed(self) -> None:
+        """Pause or resume on the event loop once the callback running now has returned (never inside one:
+        cancelling waits on the connection that is calling us)."""
+        if self._started and self.budget.paused != self._throttled and not self._budget_posted:
+            self._budget_posted = True
+            self.mailbox.post(self._apply_budget)
+
+    def _apply_budget(self) -> None:
+        """Mailbox item: cancel the consumers while the budget is spent; consume again once it is not.
+
+        A message the broker sent before its consumer was cancelled still arrives, and is handled.
+        """
+        self._budget_posted = False
+        if not self._started or self.budget.paused == self._throttled:
+            return
+        self._throttled = self.budget.paused
+        held = (self.settings.service, self.budget.in_flight_bytes, self.budget.in_flight,
+                self.settings.inflight_max_bytes)
+        if self._throttled:
+            logger.info("kombu-events: service %s holds %d bytes in %d messages, over inflight_max_bytes=%d: "
+                        "taking no more until some are settled", *held)
+            for queue in sorted(self._active):
+                self.pause_queue(queue)
+        else:
+            logger.info("kombu-events: service %s holds %d bytes in %d messages, within inflight_max_bytes=%d: "
+                        "consuming again", *held)
+            for queue in list(self._consumers):
+                if queue not in self._active and not self.control.is_paused(queue):
+                    self._subscribe(queue, self._wanted.get(queue))
 
     def _open_publisher(self) -> Any:
         """A channel with confirms for the republishes; a refused one is replaced (see :meth:`_on_refused`)."""
@@ -300,6 +375,7 @@ class ServiceConsumer:
         except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
                              _message_id(message), route.handler.queue)
+            self._release(message)
 
     def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
         """kombu could not prepare the message (it no longer decodes bodies here): read it as it is."""
@@ -307,6 +383,7 @@ class ServiceConsumer:
         self._on_message(route, message)
 
     def _receive(self, route: Route, message: Any) -> None:
+        self._take(message)
         handler = route.handler
         delivery = read_delivery(handler.queue, message.body, message.properties, message.delivery_info,
                                  received=time.monotonic())
@@ -384,6 +461,7 @@ class ServiceConsumer:
             if refused is None:
                 self._settle(route, delivery, message, outcome)
             else:  # a pool shutting down refuses jobs: nothing wrong with the message
+                self._release(message)
                 self._settled(route, delivery, outcome, refused(what))
 
     def _post(self, connection_jobs: int, *item: Any) -> None:
@@ -447,6 +525,7 @@ class ServiceConsumer:
         except Exception:  # never let one message break the event loop; it stays unacked
             logger.exception("kombu-events: could not settle message %r from %s; left unacked",
                              delivery.message_id, delivery.queue)
+            self._release(message)
 
     def _execute(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome,
                  step: Step) -> None:
@@ -454,6 +533,7 @@ class ServiceConsumer:
         if isinstance(step, Republish):
             confirmer = self._confirmer
             if confirmer is None:
+                self._release(message)
                 return  # channels are gone: the original is redelivered
             # Both called by the Confirmer (which logs what they raise), inside py-amqp's frame dispatch.
             on_ok = partial(self._ack, route, delivery, message, outcome, step)
@@ -463,6 +543,7 @@ class ServiceConsumer:
                     self.control.pause(route.handler.queue, f"{step.action} refused: {confirmer.refused}")
                     held = Hold(f"{step.action} publish refused by the broker (a permission is missing); "
                                 "left unacked, queue paused")
+                    self._release(message)
                     self._settled(route, delivery, outcome, held)
                 else:
                     self._execute(route, delivery, message, outcome, step.if_refused(why))
@@ -475,10 +556,13 @@ class ServiceConsumer:
         elif isinstance(step, Ack):
             self._ack(route, delivery, message, outcome, step)
         else:
+            self._release(message)
             self._settled(route, delivery, outcome, step)
 
     def _ack(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome, step: Step) -> None:
-        if _quietly(message.ack):
+        acked = _quietly(message.ack)
+        self._release(message)  # acked, or its channel is gone and the broker redelivers it
+        if acked:
             self._settled(route, delivery, outcome, step)
 
     def _settled(self, route: Route, delivery: Delivery, outcome: decision.Outcome, step: Step) -> None:
@@ -535,6 +619,14 @@ def _as_published(channel: Any, raw: Any) -> Any:
     finally:
         headers.clear()
         headers.update(items)
+
+
+def _body_size(message: Any) -> int:
+    """The size of a message's body as received (0 for one that has none to measure)."""
+    try:
+        return len(message.body)
+    except Exception:
+        return 0
 
 
 def _message_id(message: Any) -> Any:

@@ -433,8 +433,13 @@ events.handler("few.one", name="own", prefetch=3)(handle)
 """
 
 
-@pytest.mark.parametrize("settings, expected", [({}, 10), ({"prefetch_count": 100}, 100)])
-def test_each_of_many_handler_queues_is_consumed_with_its_share_of_the_prefetch(make_project, settings, expected):
+@pytest.mark.parametrize("settings, expected, own", [
+    ({"max_body_bytes": 65_536}, 10, 3),  # bodies of 64 KiB: the in-flight budget (256 MiB) allows more
+    ({"prefetch_count": 100, "inflight_max_bytes": 0}, 100, 3),  # no budget
+    ({}, 1, 1),  # bodies of 16 MiB: 61 queues share 256 MiB, one body each
+])
+def test_each_of_many_handler_queues_is_consumed_with_its_share_of_the_prefetch(make_project, settings, expected,
+                                                                               own):
     project = make_project(MANY_QUEUES_APP.replace("**SETTINGS", f"**{settings!r}"))
     project.worker().wait_ready()
 
@@ -445,7 +450,7 @@ def test_each_of_many_handler_queues_is_consumed_with_its_share_of_the_prefetch(
         return mine if len(mine) == 61 else None
 
     mine = wait_for(consumers, what="61 consumers")
-    assert mine.pop(f"{project.service}.own") == [3]
+    assert mine.pop(f"{project.service}.own") == [own]
     assert set(mine) == {f"{project.service}.h{k}" for k in range(60)}
     assert {q: p for q, p in mine.items() if p != [expected]} == {}
     project.node_publish(message("many.59", {"i": 1}), message("few.one", {"i": 2}))
