@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 from amqp import Message, spec
 from amqp.exceptions import AccessRefused
 
-from ..core.logs import refusal_text
+from ..core.logs import escape_controls, refusal_text
 from ..errors import PublishError
 
 logger = logging.getLogger(__name__)
@@ -161,7 +161,8 @@ class Confirmer:
     def _on_return(self, exc: Exception, exchange: str, routing_key: str, message: Message) -> None:
         key = (exchange, _text(routing_key), message.properties.get("message_id"))
         matched = [seq for seq, entry in self._pending.items() if entry.key == key]
-        logger.debug("returned %s/%s (%s): matches %d pending publish(es)", exchange, routing_key, exc, len(matched))
+        logger.debug("returned %s/%s (%s): matches %d pending publish(es)", escape_controls(exchange),
+                     escape_controls(routing_key), escape_controls(exc), len(matched))
         self._returned.update(matched)
 
     def _on_close(self, reply_code: int, reply_text: str, class_id: int, method_id: int) -> None:

@@ -27,6 +27,7 @@ from amqp.spec import Basic
 
 from ..core.delivery import UNREADABLE
 from ..core.headers import UNREADABLE_HEADERS, Undecoded
+from ..core.logs import escape_controls
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def install() -> None:
             return strict_properties(buf, offset)
         except Exception as exc:
             logger.warning("kombu-events: message properties py-amqp cannot decode (%s: %s); decoded leniently",
-                           type(exc).__name__, exc)
+                           type(exc).__name__, escape_controls(exc))
             return _leniently_or_marked(buf, offset)
 
     amqp.abstract_channel.loads = loads

@@ -1,22 +1,25 @@
 """The console's JSON API under ``/api``: the operations of ``kombu-events archive``, answering with the
 documents of its ``--json`` (the JSON Schemas in ``kombu_events/cli/schemas/``), and a replay job's progress.
+
+A request body is a JSON object sent with ``Content-Type: application/json``, checked field by field
+before anything is read or changed (:mod:`.api_requests`): a 400 names what is wrong.
 """
 from __future__ import annotations
 
 __all__ = ["routes"]
 
-import json
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..ops.archive import ArchivedMessage, replay as replay_now
+from ..ops.archive import ArchivedMessage
+from .api_requests import PURGE_FIELDS, REPLAY_FIELDS, checked_body, whole_number
 from .audit import stamp
-from .common import guarded, selection, service_of
+from .common import guarded, id_route, selection, service_of
 from .reading import Service
 
 
@@ -28,9 +31,9 @@ def _entry(message: ArchivedMessage, outcome: str, why: str | None = None) -> di
 @guarded
 async def api_list(request: Request) -> Response:
     """Archived messages that match ``q`` (at most ``limit``): each one an ``archive-list`` object."""
-    limit = int(request.query_params.get("limit", "50"))
+    limit = whole_number("limit", request.query_params.get("limit"), 50)
     snapshot = await run_in_threadpool(service_of(request).snapshot, fresh=bool(request.query_params.get("fresh")))
-    found = selection(snapshot, request.query_params.get("q", ""), None)[:max(limit, 0)]
+    found = selection(snapshot, request.query_params.get("q", ""), None)[:limit]
     return JSONResponse([m.summary() for m in found])
 
 
@@ -44,52 +47,52 @@ async def api_show(request: Request) -> Response:
     return JSONResponse(found.summary())
 
 
-async def _body(request: Request) -> dict[str, Any]:
-    try:
-        document = json.loads(await request.body() or b"{}")
-    except ValueError as exc:
-        raise ValueError(f"the request body is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ValueError("the request body must be a JSON object")
-    return document
+async def _body(request: Request, fields: Mapping[str, Callable[[str, Any], Any]]) -> dict[str, Any]:
+    """The request's JSON object, every field checked (a 400 that names the bad one: :mod:`.api_requests`)."""
+    return checked_body(await request.body(), request.headers.get("content-type"), fields)
+
+
+def _not_found(body: dict[str, Any], chosen: list[ArchivedMessage]) -> list[dict[str, Any]]:
+    """An ``archive-replay`` entry (outcome ``not_found``) for each of the body's ``ids`` that ``chosen`` lacks."""
+    found = {m.id for m in chosen}
+    return [{"id": i, "queue": "", "routing_key": "", "archived_at": "", "reason": "", "outcome": "not_found",
+             "why": "no archived message has this id (replayed or purged since, or mistyped)"}
+            for i in dict.fromkeys(body.get("ids") or ()) if i not in found]
 
 
 def _api_selection(service: Service, body: dict[str, Any]) -> list[ArchivedMessage]:
     ids = body.get("ids")
-    chosen = selection(service.snapshot(fresh=True), str(body.get("q", "")), body.get("before"), ids)
+    chosen = selection(service.snapshot(fresh=True), body.get("q", ""), body.get("before"), ids)
     limit = body.get("limit")
-    return chosen[:int(limit)] if limit is not None else chosen
+    return chosen[:limit] if limit is not None else chosen
 
 
 @guarded
 async def api_replay(request: Request) -> Response:
     """Replay (POST ``{"q", "ids", "limit", "dry_run", "to_queue"}``): the ``archive-replay`` document."""
-    body, service, principal = await _body(request), service_of(request), request.state.principal
+    body, service, principal = await _body(request, REPLAY_FIELDS), service_of(request), request.state.principal
     chosen = await run_in_threadpool(_api_selection, service, body)
+    missing = _not_found(body, chosen)
     if body.get("dry_run"):
         return JSONResponse({"dry_run": True, "matched": len(chosen), "replayed": 0, "kept": 0,
-                             "messages": [_entry(m, "would_replay") for m in chosen]})
+                             "messages": [_entry(m, "would_replay") for m in chosen] + missing})
     ids = {m.id for m in chosen}
     job_id = "api-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
 
-    def run() -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
-        with service.connection() as conn:
-            return replay_now(conn, service.topology, lambda m: m.id in ids, to_queue=body.get("to_queue"),
-                              stamp=stamp(principal.name, job_id))
-
-    replayed, kept = await run_in_threadpool(run)
-    service.forget()
+    replayed, kept = await run_in_threadpool(lambda: service.replay(
+        lambda m: m.id in ids, to_queue=body.get("to_queue"), stamp=stamp(principal.name, job_id)))
     request.app.state.audit.record(principal.name, principal.role, "replay", len(replayed), job=job_id,
                                    query=body.get("q", ""), kept=len(kept), via="api")
     return JSONResponse({"dry_run": False, "matched": len(replayed) + len(kept), "replayed": len(replayed),
                          "kept": len(kept), "messages": [_entry(m, "replayed") for m in replayed]
-                         + [_entry(m, "kept", why) for m, why in kept]}, 200 if not kept else 207)
+                         + [_entry(m, "kept", why) for m, why in kept] + missing},
+                        200 if not (kept or missing) else 207)
 
 
 @guarded
 async def api_purge(request: Request) -> Response:
     """Purge (POST ``{"q", "ids", "limit", "dry_run", "yes"}``): the ``archive-purge`` document."""
-    body, service, principal = await _body(request), service_of(request), request.state.principal
+    body, service, principal = await _body(request, PURGE_FIELDS), service_of(request), request.state.principal
     if not (body.get("yes") or body.get("dry_run")):
         return JSONResponse({"error": "purge deletes archived messages for good: send \"yes\": true "
                                       "(or \"dry_run\": true to see what would go)"}, 400)
@@ -115,7 +118,7 @@ def routes() -> list[Route]:
     """The routes of the JSON API."""
     return [
         Route("/api/archive", api_list, name="api_list"),
-        Route("/api/archive/{message_id:path}", api_show, name="api_show"),
+        id_route("/api/archive/{message_id:path}", api_show, name="api_show"),
         Route("/api/replay", api_replay, methods=["POST"], name="api_replay"),
         Route("/api/purge", api_purge, methods=["POST"], name="api_purge"),
         Route("/api/jobs/{job_id}", api_job, name="api_job"),

@@ -16,6 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..core.logs import escape_controls
+
 logger = logging.getLogger(__name__)
 
 BY_HEADER = "kombu-events-replayed-by"
@@ -54,7 +56,7 @@ class AuditLog:
             if self.path is not None:
                 with self.path.open("a", encoding="utf-8") as fh:
                     fh.write(json.dumps(entry) + "\n")
-        logger.info("console audit: %s %s %d message(s) %s", actor, action, count, detail)
+        logger.info("console audit: %s %s %d message(s) %s", escape_controls(actor), action, count, detail)
         return entry
 
     def recent(self) -> list[dict[str, Any]]:

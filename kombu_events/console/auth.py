@@ -11,7 +11,7 @@ the ASGI glue in :mod:`.app` calls these functions.
 """
 from __future__ import annotations
 
-__all__ = ["VIEWER", "OPERATOR", "Principal", "AuthSettings", "authenticate", "check_listen",
+__all__ = ["VIEWER", "OPERATOR", "Principal", "AuthSettings", "authenticate", "check_listen", "claimed_login",
            "cross_site_refusal", "loopback_host", "CONTENT_SECURITY_POLICY", "SECURITY_HEADERS"]
 
 import base64
@@ -150,13 +150,30 @@ def authenticate(headers: Mapping[str, str], client: str | None, auth: AuthSetti
     return None
 
 
-def cross_site_refusal(headers: Mapping[str, str], scheme: str) -> str | None:
+def claimed_login(headers: Mapping[str, str]) -> str | None:
+    """Who a request's credentials claim to be, for the log of a failed login (never the secret):
+    ``user 'NAME'`` for HTTP Basic, ``a bearer token``; None when it presents no credentials."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        return "a bearer token"
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[0]
+    except (binascii.Error, UnicodeDecodeError):
+        return "an unreadable Basic header"
+    return f"user {user[:64]!r}"
+
+
+def cross_site_refusal(headers: Mapping[str, str], scheme: str, *, by_token: bool = False) -> str | None:
     """Why a state-changing request must be refused as cross-site, or None when it comes from the console.
 
     ``Sec-Fetch-Site`` (every current browser sends it) must be ``same-origin`` (``none``: typed by the
-    user, no page involved); without it, ``Origin`` must be this console's own; a request with neither
-    comes from no browser (curl, a script with a token) and carries no ambient credential to abuse...
-    unless it uses Basic auth, which a browser replays by itself: then one of the two is required.
+    user, no page involved); without it, ``Origin`` must be this console's own. A request with neither
+    comes from no browser: it is let through only when a bearer token authenticated it (``by_token``: a
+    script, which has no ambient credential a foreign page could borrow). An ``Authorization: Bearer``
+    header that did not authenticate the request (a junk token, or a console without tokens that let the
+    request in by other means) proves nothing, and Basic auth a browser resends by itself.
     """
     site = headers.get("sec-fetch-site")
     if site is not None:
@@ -165,6 +182,7 @@ def cross_site_refusal(headers: Mapping[str, str], scheme: str) -> str | None:
     if origin is not None:
         expected = f"{scheme}://{headers.get('host', '')}"
         return None if origin == expected else f"cross-site request refused (Origin: {origin})"
-    if headers.get("authorization", "").lower().startswith("bearer "):
+    if by_token:
         return None
-    return "state change refused: no Sec-Fetch-Site or Origin header (send a bearer token from scripts)"
+    return ("state change refused: no Sec-Fetch-Site or Origin header (a script must authenticate with a "
+            "bearer token)")

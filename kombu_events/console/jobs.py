@@ -25,9 +25,9 @@ from typing import Any
 
 from amqp import exceptions as amqp_errors
 
-from ..core.logs import safe_text
+from ..core.logs import escape_controls, safe_text
 from ..errors import BrokerUnavailableError
-from ..ops.archive import ArchivedMessage, ReplayProgress, replay
+from ..ops.archive import ArchivedMessage, ReplayProgress
 from .audit import AuditLog, stamp
 from .reading import Service
 
@@ -50,6 +50,8 @@ class Job:
     role: str = "operator"
     to_queue: str | None = None
     rate_per_s: float | None = None
+    #: Ids the operator selected that no archived message had when the job started: never sent, reported.
+    missing: tuple[str, ...] = ()
     state: str = QUEUED
     sent: int = 0
     kept: list[tuple[str, str]] = field(default_factory=list)
@@ -81,7 +83,7 @@ class Job:
                 "replayed": self.replayed, "kept": [{"id": i, "why": w} for i, w in self.kept],
                 "reconnects": self.reconnects, "commits": self.progress.commits,
                 "to_queue": self.to_queue, "rate_per_s": self.rate_per_s, "query": self.query,
-                "error": self.error}
+                "missing": list(self.missing), "error": self.error}
 
 
 class _Throttle:
@@ -120,13 +122,15 @@ class Jobs:
         return sorted(self._jobs.values(), key=lambda j: j.started_at, reverse=True)
 
     def start(self, actor: str, role: str, ids: frozenset[str], query: str, *, to_queue: str | None = None,
-              rate_per_s: float | None = None) -> Job:
-        """Start replaying ``ids`` in a thread; the audit trail records it at once."""
-        job = Job(uuid.uuid4().hex[:12], actor, ids, query, role, to_queue, rate_per_s, started_at=time.time())
+              rate_per_s: float | None = None, missing: tuple[str, ...] = ()) -> Job:
+        """Start replaying ``ids`` in a thread; the audit trail records it at once. ``missing``: ids asked for
+        that the archive did not have, shown with the job's progress."""
+        job = Job(uuid.uuid4().hex[:12], actor, ids, query, role, to_queue, rate_per_s, missing,
+                  started_at=time.time())
         with self._lock:
             self._jobs[job.id] = job
         self.audit.record(actor, role, "replay", job.total, job=job.id, query=query, to_queue=to_queue,
-                          rate_per_s=rate_per_s)
+                          rate_per_s=rate_per_s, **({"not_found": len(missing)} if missing else {}))
         threading.Thread(target=self._run, args=(job,), name=f"console-replay-{job.id}", daemon=True).start()
         return job
 
@@ -156,9 +160,8 @@ class Jobs:
         try:
             while True:
                 try:
-                    with self.service.connection() as conn:
-                        _, kept_now = replay(conn, self.service.topology, chosen, to_queue=job.to_queue,
-                                             stamp=stamp(job.actor, job.id), progress=job.progress)
+                    _, kept_now = self.service.replay(chosen, to_queue=job.to_queue, stamp=stamp(job.actor, job.id),
+                                                      progress=job.progress)
                     kept.update((m.id, why) for m, why in kept_now)
                     break
                 except RECOVERABLE as exc:
@@ -167,7 +170,7 @@ class Jobs:
                     job.reconnects += 1
                     job.error = safe_text(f"connection lost ({type(exc).__name__}: {exc}); "
                                           f"connecting again ({job.reconnects} of {self.max_reconnects})")
-                    logger.warning("console replay job %s: %s", job.id, job.error)
+                    logger.warning("console replay job %s: %s", job.id, escape_controls(job.error))
                     job.cancel.wait(min(self.reconnect_delay_s * job.reconnects, 5.0))
             job.kept = list(kept.items())
             job.error = ""
@@ -175,7 +178,7 @@ class Jobs:
         except Exception as exc:  # a thread's exception would vanish: the job shows it instead
             job.error = safe_text(f"{type(exc).__name__}: {exc}")
             job.state = FAILED
-            logger.warning("console replay job %s failed: %s", job.id, job.error)
+            logger.warning("console replay job %s failed: %s", job.id, escape_controls(job.error))
         finally:
             job.finished_at = time.time()
             self.service.forget()

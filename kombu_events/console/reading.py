@@ -1,5 +1,6 @@
-"""How the console reaches the broker: one connection factory, the service's queue status, and a
-short-lived snapshot of the archive that every page of a browsing session shares.
+"""How the console reaches the broker: one connection factory, the service's queue status, a
+short-lived snapshot of the archive that every page of a browsing session shares, and the purge and
+replay that act on it (the pages, the API and the replay jobs act through :class:`Service` alone).
 
 The archive is read by :func:`kombu_events.ops.archive.browse`: a consumer that never acks, then
 the channel closes and every message goes back in its place, in the same order, none removed
@@ -17,13 +18,13 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from kombu import Connection
 
 from ..broker.connections import connected
 from ..core.logs import safe_url
-from ..ops.archive import ArchivedMessage, browse, purge
+from ..ops.archive import ArchivedMessage, browse, purge, replay
 from ..ops.status import QueueStatus, gather
 
 logger = logging.getLogger(__name__)
@@ -99,3 +100,17 @@ class Service:
             removed = purge(conn, self.topology, lambda m: m.id in ids)
         self.forget()
         return removed
+
+    def replay(self, match: Callable[[ArchivedMessage], bool], limit: int | None = None, **options: Any
+               ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
+        """Replay the archived messages that ``match`` on a connection of its own:
+        :func:`kombu_events.ops.archive.replay` and its keyword ``options``; (replayed, [(kept, why)]).
+
+        A lost connection raises, as ``replay`` does (a replay job connects again); the snapshot is
+        forgotten either way.
+        """
+        try:
+            with self.connection() as conn:
+                return replay(conn, self.topology, match, limit, **options)
+        finally:
+            self.forget()

@@ -1,7 +1,8 @@
 """The console's pages and its JSON API: one function per view, each reading or acting through the
 functions the ``kombu-events`` CLI uses (:mod:`kombu_events.ops.archive`, :mod:`kombu_events.ops.status`).
 
-Pages: ``/`` (overview), ``/failures`` (grouped, searchable), ``/events/{id}``, ``/replay``
+Pages: ``/`` (overview), ``/failures`` (grouped, searchable), ``/events/{id}`` (``/events?id=`` for the
+ids ``.`` and ``..``; any id percent-encoded, :mod:`.links`), ``/replay``
 (POST; a dry run answers with what would be sent where), ``/jobs/{id}``, ``/purge`` (GET: the
 confirmation with scope and count; POST: the purge), ``/audit``; the JSON API is in :mod:`.api`.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 __all__ = ["routes"]
 
 import logging
+import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -18,10 +20,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from ..ops.archive import ArchivedMessage, replay as replay_now
-from . import api, query as search
+from . import api, links, query as search
 from .audit import stamp
-from .common import guarded, page, selection, service_of
+from .common import guarded, id_route, page, selection, service_of
 from .views import event_view, overview_rows
 
 logger = logging.getLogger(__name__)
@@ -31,6 +32,19 @@ def _iso(epoch_s: float | None = None) -> str:
     """A time as the archive writes ``archived-at`` (ISO 8601, UTC, milliseconds): comparable as text."""
     when = datetime.now(timezone.utc) if epoch_s is None else datetime.fromtimestamp(epoch_s, timezone.utc)
     return when.isoformat(timespec="milliseconds")
+
+
+def _rate(text: str) -> float | None:
+    """The replay form's rate limit: messages a second (empty or 0: no limit)."""
+    if not text.strip() or text.strip() == "0":
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a number of messages a second above 0 (empty: no limit), got {text!r}")
+    return rate
 
 
 # -- pages -----------------------------------------------------------------------------------------------
@@ -62,7 +76,10 @@ async def failures(request: Request) -> Response:
 @guarded
 async def event(request: Request) -> Response:
     """One archived message: properties, headers, body, traceback, attempts."""
-    service, message_id = service_of(request), request.path_params["message_id"]
+    service = service_of(request)
+    message_id = request.path_params.get("message_id", request.query_params.get("id"))
+    if message_id is None:
+        raise ValueError("which event? /events/ID, or /events?id=ID")
     message = (await run_in_threadpool(service.snapshot)).by_id(message_id) \
         or (await run_in_threadpool(service.snapshot, fresh=True)).by_id(message_id)
     if message is None:
@@ -76,21 +93,25 @@ async def replay(request: Request) -> Response:
     """Replay the selected messages, a group or all matching: a dry run, or a job (POST)."""
     form = await request.form()
     text, before = str(form.get("q", "")), str(form.get("before", "")) or None
-    ids = [str(i) for i in form.getlist("id")] if form.get("scope") == "selected" else None
+    scope = form.get("scope")
+    if scope not in ("matching", "selected"):
+        raise ValueError(f"scope must be 'matching' (all the search matches) or 'selected' (the ids sent), "
+                         f"got {scope!r}")
+    ids = [links.from_field(str(i)) for i in form.getlist("id")] if scope == "selected" else None
     to_queue = str(form.get("to_queue", "")) or None
-    rate = float(str(form.get("rate") or 0)) or None
-    if rate is not None and rate < 0:
-        raise ValueError(f"rate must be a positive number of messages a second, got {rate}")
+    rate = _rate(str(form.get("rate") or ""))
     service = service_of(request)
     if to_queue is not None and to_queue not in {q.name for q in service.topology.handler_queues}:
         raise ValueError(f"{to_queue!r} is not a handler queue of service {service.name}")
     chosen = selection(await run_in_threadpool(service.snapshot, fresh=True), text, before, ids)
+    found = {m.id for m in chosen}
+    missing = tuple(i for i in dict.fromkeys(ids or ()) if i not in found)  # selected ids the archive lacks
     if form.get("dry_run"):
         plan = [(m, to_queue or m.queue) for m in chosen]
-        return page(request, "dry_run.html", plan=plan, q=text, to_queue=to_queue, rate=rate)
+        return page(request, "dry_run.html", plan=plan, q=text, to_queue=to_queue, rate=rate, missing=missing)
     principal = request.state.principal
-    job = request.app.state.jobs.start(principal.name, principal.role, frozenset(m.id for m in chosen), text,
-                                       to_queue=to_queue, rate_per_s=rate)
+    job = request.app.state.jobs.start(principal.name, principal.role, frozenset(found), text,
+                                       to_queue=to_queue, rate_per_s=rate, missing=missing)
     return RedirectResponse(request.url_for("job", job_id=job.id).path, status_code=303)
 
 
@@ -102,17 +123,16 @@ async def edit(request: Request) -> Response:
     if not request.app.state.settings.allow_edit:
         return page(request, "error.html", 403, error="edit-and-replay is off (start the console with "
                                                        "--allow-edit to turn it on)")
-    message_id, form = request.path_params["message_id"], await request.form()
+    form = await request.form()
+    message_id = request.path_params.get("message_id")
+    if message_id is None:
+        if not form.get("id"):
+            raise ValueError("which event? the form sends its id in the field 'id'")
+        message_id = links.from_field(str(form.get("id")))
     body = str(form.get("body", "")).encode("utf-8")
     job_id = "edit-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-
-    def run() -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
-        with service.connection() as conn:
-            return replay_now(conn, service.topology, lambda m: m.id == message_id, 1,
-                              stamp=stamp(principal.name, job_id), edits={message_id: body})
-
-    replayed, kept = await run_in_threadpool(run)
-    service.forget()
+    replayed, kept = await run_in_threadpool(lambda: service.replay(
+        lambda m: m.id == message_id, 1, stamp=stamp(principal.name, job_id), edits={message_id: body}))
     request.app.state.audit.record(principal.name, principal.role, "edit and replay", len(replayed),
                                    job=job_id, original=message_id, kept=len(kept))
     if not replayed:
@@ -166,8 +186,10 @@ def routes() -> list[Route]:
     return [
         Route("/", overview, name="overview"),
         Route("/failures", failures, name="failures"),
-        Route("/events/{message_id:path}/edit", edit, methods=["POST"], name="edit"),
-        Route("/events/{message_id:path}", event, name="event"),
+        id_route("/events/{message_id:path}/edit", edit, methods=["POST"], name="edit"),
+        Route("/edit", edit, methods=["POST"], name="edit_form"),
+        id_route("/events/{message_id:path}", event, name="event"),
+        Route("/events", event, name="event_by_query"),
         Route("/replay", replay, methods=["POST"], name="replay"),
         Route("/jobs/{job_id}", job, name="job"),
         Route("/jobs/{job_id}/cancel", cancel, methods=["POST"], name="cancel"),

@@ -103,7 +103,7 @@ def decode(body: bytes, content_type: str | None, content_encoding: str | None, 
 
 def _bytes(body: str, codec: str | None) -> bytes:
     try:
-        return body.encode(codec if codec not in (None, BINARY) else "utf-8")
+        return body.encode("utf-8" if codec is None or codec == BINARY else codec)
     except Exception as exc:  # UnicodeEncodeError
         raise DecodeError(f"body arrived as text that does not encode as {codec or 'utf-8'}: {exc}") from exc
 

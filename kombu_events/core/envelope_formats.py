@@ -201,7 +201,7 @@ def _charset(content_type: str | None, content_encoding: str | None) -> str:
         return codec
     found = re.search(r';\s*charset\s*=\s*"?([^";\s]+)', content_type or "", re.IGNORECASE)
     charset = text_encoding(found.group(1)) if found else None
-    return charset if charset not in (None, "binary") else "utf-8"
+    return "utf-8" if charset is None or charset == "binary" else charset
 
 
 def _text(value: Any, what: str) -> str | None:

@@ -1,7 +1,7 @@
-"""Log helpers: broker URLs with the password masked, one structured line per outcome."""
+"""Log helpers: broker URLs with the password masked, control characters escaped, one structured line per outcome."""
 from __future__ import annotations
 
-__all__ = ["safe_url", "safe_text", "log_outcome", "refusal_text"]
+__all__ = ["safe_url", "safe_text", "escape_controls", "log_outcome", "refusal_text"]
 
 import logging
 import re
@@ -33,6 +33,28 @@ def safe_text(text: str) -> str:
     return _TEXT_PASSWORD.sub(r"\1:**@", text)
 
 
+# Unicode's control characters (C0, DEL and C1: ESC and CSI among them), the line and paragraph
+# separators (str.splitlines and some log viewers break lines there) and lone surrogates (from
+# bytes read with surrogateescape; a log file's encoder raises on them).
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_controls(value: Any) -> str:
+    """``value`` as text with every control character shown as an escape (``\\n``, ``\\x1b``, ``\\u2028``).
+
+    For whatever a message or a request put in a log line (a message id, a routing key, a
+    user name, an error's text): it cannot start a line of its own nor drive a terminal.
+    Nothing else changes: non-ASCII letters stay, and so does a backslash.
+    """
+    return _CONTROLS.sub(_escaped, value if isinstance(value, str) else str(value))
+
+
+def _escaped(found: re.Match[str]) -> str:
+    char = found.group()
+    return _NAMED.get(char) or (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+
+
 # RabbitMQ's reply text for ACCESS_REFUSED on a resource, and the permission each method needs on it.
 _ACCESS_REFUSED = re.compile(r"access to (?P<kind>\w+) '(?P<name>.*)' in vhost '.*' refused for user '(?P<user>.*)'")
 _PERMISSION = {(60, 40): "write to", (60, 20): "read from", (60, 70): "read from", (40, 10): "configure",
@@ -60,7 +82,12 @@ def log_outcome(
     outcome: str, *, queue: str, routing_key: str, message_id: Any, attempt: int,
     duration_ms: float, delay_ms: float = 0, reason: str = "",
 ) -> None:
-    """One ``key=value`` line per message outcome; the same fields are in ``record.kombu_events``."""
+    """One ``key=value`` line per message outcome; the same fields are in ``record.kombu_events``.
+
+    What the publisher chose (the routing key, the message id, the reason's text) is shown
+    escaped in the line (:func:`escape_controls`; the reason as its ``repr``) and kept as sent
+    in ``record.kombu_events``, for a JSON formatter to encode.
+    """
     level = _LEVELS.get(outcome, logging.INFO)
     if not logger.isEnabledFor(level):
         return
@@ -70,5 +97,5 @@ def log_outcome(
     }
     if reason:
         fields["reason"] = reason
-    logger.log(level, "event %s", " ".join(f"{k}={v!r}" if k == "reason" else f"{k}={v}" for k, v in fields.items()),
-               extra={"kombu_events": fields})
+    logger.log(level, "event %s", " ".join(f"{k}={v!r}" if k == "reason" else f"{k}={escape_controls(v)}"
+                                           for k, v in fields.items()), extra={"kombu_events": fields})

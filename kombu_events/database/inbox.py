@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, Callable, Mapping
 
 from ..core.event import Event
+from ..core.logs import escape_controls
 from ..errors import Archive, KombuEventsError, Retry
 from ..middleware.base import Handled, Middleware
 from . import backends, schema
@@ -99,7 +100,7 @@ class _Once:
 
 def _retry(doing: str, once: _Once, exc: Exception) -> Retry:
     logger.warning("kombu-events: %s: %s for event %r failed in %s: %s: %s; retried later", once.queue, doing,
-                   once.key, once.backend.name, type(exc).__name__, exc)
+                   once.key, once.backend.name, type(exc).__name__, escape_controls(exc))
     return Retry(None, f"inbox of {once.backend.name}: {doing} failed: {type(exc).__name__}: {exc}")
 
 

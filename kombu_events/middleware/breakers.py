@@ -41,6 +41,7 @@ from .. import signals
 from ..core.circuit import CLOSED, HALF_OPEN, OPEN, Breaker
 from ..core.decision import DEFERRED, FAILED, LOST, OK, Outcome
 from ..core.health import Health, HealthCheck, Unhealthy
+from ..core.logs import escape_controls
 from ..errors import ConfigurationError
 from .base import Middleware
 from .health_checks import HealthRun, Spawn
@@ -258,7 +259,7 @@ class Breakers(Middleware):
             circuit.awaiting.clear()
             circuit.breaker.health(health.status, now, _why(run, health))
             logger.info("kombu-events: circuit of handler %s (queue %s) stays open: %s; next probe in %.3g s",
-                        circuit.handler.name, circuit.queue, circuit.breaker.reason,
+                        circuit.handler.name, circuit.queue, escape_controls(circuit.breaker.reason),
                         (circuit.breaker.reopens_at or now) - now)
             self._schedule(circuit)
             return
@@ -286,7 +287,8 @@ def _log(circuit: Circuit, state: str, now: float, detail: str) -> None:
     if state == OPEN:
         level = logging.ERROR if breaker.log_level(now) == "error" else logging.WARNING
         logger.log(level, "kombu-events: circuit of handler %s (queue %s) opened: %s%s; queue paused, "
-                   "half-opens in %.3g s (trip %d in a row)", name, queue, breaker.reason, detail,
+                   "half-opens in %.3g s (trip %d in a row)", name, queue, escape_controls(breaker.reason),
+                   escape_controls(detail),
                    (breaker.reopens_at or now) - now, breaker.trips_in_a_row)
     elif state == HALF_OPEN:
         logger.info("kombu-events: circuit of handler %s (queue %s) half-open: one probe message", name, queue)

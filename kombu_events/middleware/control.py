@@ -22,6 +22,7 @@ from functools import partial
 from typing import Any, Callable, Protocol
 
 from ..broker.waits import BrokerSilent
+from ..core.logs import escape_controls
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class Control:
                 return
             self._paused[queue] = reason
             generation = self._request(queue)
-        logger.info("kombu-events: paused %s%s", queue, f": {reason}" if reason else "")
+        logger.info("kombu-events: paused %s%s", queue, f": {escape_controls(reason)}" if reason else "")
         self._consuming.call_soon_threadsafe(partial(self._apply, queue, generation, None))
 
     def resume(self, queue: str, *, prefetch: int | None = None) -> None:

@@ -35,6 +35,7 @@ from amqp.exceptions import ChannelError
 
 from ..broker.declare import close_quietly, peek_queue, queue_counts
 from ..core import headers as wire
+from ..core.logs import escape_controls
 from ..core.topology import Topology
 
 logger = logging.getLogger(__name__)
@@ -482,7 +483,7 @@ class _Replay:
         back = self._settle(gone)
         logger.warning("kombu-events: the broker refused a replay's commit after it took effect in part (%s): "
                        "%d copies sent, %d delivered, %d not (their queue is gone; originals archived again); "
-                       "reading on from a fresh channel", exc, sent, sent - len(back), len(back))
+                       "reading on from a fresh channel", escape_controls(exc), sent, sent - len(back), len(back))
         if self._wanted():
             self._consume()
 
@@ -514,7 +515,7 @@ class _Replay:
         if lost:  # the archive queue itself is gone: nothing more can keep them
             logger.error("kombu-events: %d replayed messages were not delivered and could not be archived "
                          "again (is the archive queue %s gone?): %s", len(lost),
-                         self.topology.archive_exchange, ", ".join(str(m) for m, _, _ in lost))
+                         self.topology.archive_exchange, ", ".join(escape_controls(m) for m, _, _ in lost))
 
 
 class _Acks:

@@ -216,3 +216,94 @@ def _answers(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+# -- any message id, through the links and forms of a real browser ---------------------------------------
+
+#: Ids a publisher may set that a link or a form could mangle: a browser resolves dot segments (encoded or
+#: not), cuts a URL at ``?`` and ``#``, and rewrites the newlines of every form field it submits.
+ODD_IDS = ["a/b", "what?x=1&y=2", "frag#ment", "100%", "%2e%2e%2f", "../../audit", "..", ".", "with space",
+           "line\nbreak", "cr\ronly", "ünïcødé-✓-日本語", "a/edit"]
+
+
+def _shown(message_id: str) -> str:
+    """The id as a page's text holds it: the HTML parser made every CR an LF."""
+    return message_id.replace("\r\n", "\n").replace("\r", "\n")
+
+
+@pytest.fixture
+def odd_ids_service(broker_url):
+    """A service of its own whose archive holds one message for each of ODD_IDS."""
+    from kombu import Connection
+
+    from kombu_events.core import headers as wire
+
+    from .console_helpers import seeded
+
+    for service in seeded(broker_url):
+        with Connection(broker_url) as conn:
+            producer = conn.Producer()
+            for message_id in ODD_IDS:
+                headers = wire.archive_headers({}, attempt=3, queue=service.queue("orders"), routing_key="orders.1",
+                                               reason="gave up", exception="KeyError: x", traceback="")
+                producer.publish(b'{"order": 1}', exchange=service.events.topology().archive_exchange,
+                                 routing_key="", message_id=message_id, headers=headers,
+                                 content_type="application/json", content_encoding="utf-8", delivery_mode=2)
+        wait_for(lambda s=service: queue_depth(broker_url, s.queue("archive"))[0] == len(ODD_IDS), 10,
+                 what="all archived")
+        yield service
+
+
+def test_any_message_id_round_trips_through_the_browser(odd_ids_service, tmp_path):
+    """Each odd id's link on the failures page opens that event's page; its replay form, a dry run, then
+    the dry run's confirmation, sends a copy with exactly that id (counted in the handler queue)."""
+    import threading
+
+    import uvicorn
+
+    from kombu_events.console import ConsoleSettings, create_app
+
+    chromium = _needed("Debian's chromium (apt install chromium)", _check_site().find_chromium())
+    service, port = odd_ids_service, _free_port()
+    app = create_app(service.events, ConsoleSettings(audit_path=tmp_path / "audit.jsonl"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    browser = None
+    try:
+        wait_for(lambda: _answers(port), 20, what="console listening")
+        browser = _check_site().Chromium(chromium)
+        page = Page(browser.tab(1280, 900), f"http://127.0.0.1:{port}")
+        page.open("/failures")
+        links = page.js("[...document.querySelectorAll('table.messages a')].map(a => a.href)")
+        assert len(links) == len(ODD_IDS)
+        opened = {}
+        for href in links:
+            page.tab.open(href)  # where a click goes: the href as the browser resolved it
+            opened[page.js("document.querySelector('h1 code')?.textContent")] = href
+        assert set(opened) == {_shown(i) for i in ODD_IDS}, opened
+
+        for message_id in ODD_IDS:
+            page.tab.open(opened[_shown(message_id)])
+            page.js("document.querySelector('form.inline input[name=dry_run]').checked = true")
+            _submit(browser, page, "form.inline")
+            assert page.js("document.querySelector('table td')?.textContent") == _shown(message_id)
+            _submit(browser, page, "#confirm-replay", click=True)
+            wait_for(lambda: page.js("document.querySelector('.state')?.textContent") == "done", 30,
+                     interval=0.2, what=f"the replay of {message_id!r}")
+            assert "1 replayed" in page.js("document.body.innerText").replace("\n", " ")
+    finally:
+        if browser is not None:
+            browser.close()
+        server.should_exit = True
+        thread.join(10)
+    copies = service.take("orders")
+    assert sorted(m.properties["message_id"] for m in copies) == sorted(ODD_IDS)  # each id exactly as it was
+    assert queue_depth(service.broker_url, service.queue("archive"))[0] == 0
+
+
+def _submit(browser: Any, page: Page, selector: str, *, click: bool = False) -> None:
+    """Submit a form (or click a button) and wait for the page it leads to."""
+    browser._events = [e for e in browser._events if e.get("sessionId") != page.tab.session]
+    page.js(f"document.querySelector({selector!r}).{'click' if click else 'requestSubmit'}()")
+    browser.wait_for("Page.loadEventFired", page.tab.session)

@@ -85,12 +85,18 @@ def test_weak_password_and_unknown_role_are_refused():
     ({"origin": "http://console:8089", "host": "console:8089"}, False),
     ({"origin": "http://evil:8089", "host": "console:8089"}, True),
     ({"origin": "https://console:8089", "host": "console:8089"}, True),  # another scheme: another origin
-    ({"authorization": "Bearer abc"}, False),  # a script: no ambient credential
+    ({"authorization": "Bearer abc"}, True),  # a bearer header alone, its token not checked: no exemption
     ({"authorization": "Basic abc"}, True),  # a browser resends Basic by itself
     ({}, True),
 ])
 def test_cross_site_refusal(headers, refused):
     assert (auth.cross_site_refusal(headers, "http") is not None) is refused
+
+
+def test_a_request_a_valid_bearer_token_logged_in_is_exempt():
+    """A script: no ambient credential, once its token was checked (by_token)."""
+    assert auth.cross_site_refusal({"authorization": "Bearer abc"}, "http", by_token=True) is None
+    assert auth.cross_site_refusal({"sec-fetch-site": "cross-site"}, "http", by_token=True) is not None
 
 
 def test_content_security_policy_allows_no_inline_script():
