@@ -58,7 +58,9 @@ def render(doc: dict[str, Any], listing: str, *, link: Any = str) -> str:
          f"[AsyncAPI 3.0](https://www.asyncapi.com/docs/reference/specification/v3.0.0) document below, from the "
          f"code alone. Run it on yours: `kombu-events -A proj.events asyncapi -o asyncapi.yaml` "
          f"([the command]({link('cli.md')})). Each handler is a `receive` operation on a channel of its own, "
-         f"its queue; each publication the service declares is a `send` operation on the events exchange."),
+         f"its queue, with a message for each form an event may arrive in: bare JSON, or a CloudEvent in "
+         f"structured or binary mode ([envelopes]({link('contracts.md')}#the-envelopes-other-ecosystems-send)); "
+         f"each publication the service declares is a `send` operation on the events exchange."),
         "",
         "## Channels",
         "",
@@ -96,7 +98,7 @@ def _operations(doc: dict[str, Any]) -> list[str]:
     rows = ["| operation | action | channel | payload | retries | summary |", "|---|---|---|---|---|---|"]
     for key, operation in doc["operations"].items():
         channel = operation["channel"]["$ref"].rsplit("/", 1)[-1]
-        payloads = [_payload(doc, ref["$ref"]) for ref in operation["messages"]]
+        payloads = dict.fromkeys(_payload(doc, ref["$ref"]) for ref in operation["messages"])  # once each
         retries = _retries(operation.get("x-kombu-events-retry"))
         rows.append(_row(_code(key), operation["action"], _code(channel), ", ".join(payloads), retries,
                          operation.get("summary", "")))
@@ -113,10 +115,13 @@ def _retries(retry: dict[str, Any] | None) -> str:
 
 
 def _payload(doc: dict[str, Any], message_ref: str) -> str:
-    """The schema a message's payload refers to, ``any JSON`` for an untyped one, ``bytes`` for none."""
+    """The schema a message's payload refers to, ``any JSON`` for an untyped one, ``bytes`` for none (a CloudEvent
+    in structured mode: its ``data``'s)."""
     channel, _, name = message_ref.removeprefix("#/channels/").partition("/messages/")
     message = doc["components"]["messages"][doc["channels"][channel]["messages"][name]["$ref"].rsplit("/", 1)[-1]]
     payload = message.get("payload")
+    if message.get("x-kombu-events-envelope") == "cloudevents-structured":
+        payload = payload["properties"]["data"]
     if payload is None:
         return "bytes"
     return _code(payload["$ref"].rsplit("/", 1)[-1]) if "$ref" in payload else "any JSON"

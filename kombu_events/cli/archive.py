@@ -1,7 +1,7 @@
 """The ``archive`` command group, for the messages whose handler gave up: ``list`` and ``show`` read them
 (they stay in the archive), ``replay`` puts them back into their queue with the attempt counter reset
-(in transactions: each sent once or kept; exit 1 when some stay archived) and ``purge`` deletes them for
-good (only with ``--yes``; ``--dry-run`` shows what would go).
+(in transactions: each sent once or kept; exit 1 when some stay archived, or an ``--id`` matches none) and
+``purge`` deletes them for good (only with ``--yes``; ``--dry-run`` shows what would go).
 
 ``list``, ``replay`` and ``purge`` select alike (:func:`_selection`): the archive's messages in order, those
 of ``--queue`` and ``--routing-key`` (a key, or a topic pattern matched as RabbitMQ matches a binding), at most
@@ -9,7 +9,7 @@ of ``--queue`` and ``--routing-key`` (a key, or a topic pattern matched as Rabbi
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import click
 
@@ -94,43 +94,80 @@ examples(archive_show,
 
 @archive.command("replay")
 @_selecting
+@click.option("--id", "ids", multiple=True, metavar="ID",
+              help="Only the message with this id, as archive list shows it (repeat for several); an id that "
+                   "matches no archived message is reported, and the command exits 1.")
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most this many.")
 @click.option("--dry-run", is_flag=True, help="Show what would be replayed; change nothing.")
 @json_option("archive-replay")
 @click.pass_obj
 @guarded
-def archive_replay(obj: Context, queue: str | None, routing_key: str | None, limit: int | None,
-                   dry_run: bool, as_json: bool) -> None:
+def archive_replay(obj: Context, queue: str | None, routing_key: str | None, ids: tuple[str, ...],
+                   limit: int | None, dry_run: bool, as_json: bool) -> None:
     """Put archived messages back into their queue, attempt counter reset (in transactions: sent once, or kept)."""
-    match = _selection(queue, routing_key)
+    match = _with_ids(_selection(queue, routing_key), ids)
     with obj.connection() as conn:
         if dry_run:
             chosen = read(conn, obj.events.topology(), match, limit)
+            missing = _not_found(ids, chosen)
             if as_json:
                 emit_json({"dry_run": True, "matched": len(chosen), "replayed": 0, "kept": 0,
-                           "messages": [_entry(m, "would_replay") for m in chosen]})
-                return
-            for m in chosen:
-                click.echo(f"would replay {m.id} to {m.queue} (key {m.routing_key})")
+                           "messages": [_entry(m, "would_replay") for m in chosen] + _not_found_entries(missing)})
+            else:
+                for m in chosen:
+                    click.echo(f"would replay {m.id} to {m.queue} (key {m.routing_key})")
+            _report_not_found(missing)
             return
         replayed, kept = replay(conn, obj.events.topology(), match, limit)
+    missing = _not_found(ids, replayed + [m for m, _ in kept])
     if as_json:
         emit_json({"dry_run": False, "matched": len(replayed) + len(kept), "replayed": len(replayed),
                    "kept": len(kept), "messages": [_entry(m, "replayed") for m in replayed]
-                   + [_entry(m, "kept", why) for m, why in kept]})
+                   + [_entry(m, "kept", why) for m, why in kept] + _not_found_entries(missing)})
     else:
         for m in replayed:
             click.echo(f"replayed {m.id} to {m.queue}")
     for m, why in kept:
         click.echo(f"kept {m.id} in the archive: {why}", err=True)
     if not as_json:
-        click.echo(f"{len(replayed)} replayed, {len(kept)} kept", err=True)
+        click.echo(f"{len(replayed)} replayed, {len(kept)} kept"
+                   + (f", {len(missing)} not found" if missing else ""), err=True)
+    _report_not_found(missing, exit_now=not kept)
     if kept:
+        failed()
+
+
+def _with_ids(match: Callable[[ArchivedMessage], bool], ids: tuple[str, ...]) -> Callable[[ArchivedMessage], bool]:
+    """``match``, narrowed to the messages of ``ids`` when any are given."""
+    if not ids:
+        return match
+    wanted = set(ids)
+    return lambda m: m.id in wanted and match(m)
+
+
+def _not_found(ids: Iterable[str], found: Iterable[ArchivedMessage]) -> list[str]:
+    """The ``ids`` asked for that none of ``found`` has, in the order given, each once."""
+    seen = {m.id for m in found}
+    return [i for i in dict.fromkeys(ids) if i not in seen]
+
+
+def _not_found_entries(missing: list[str]) -> list[dict[str, Any]]:
+    """``missing`` ids in the JSON of ``replay``: outcome ``not_found``, nothing else known of them."""
+    return [{"id": i, "queue": "", "routing_key": "", "archived_at": "", "reason": "", "outcome": "not_found",
+             "why": "no archived message has this id (replayed or purged since, or mistyped)"} for i in missing]
+
+
+def _report_not_found(missing: list[str], *, exit_now: bool = True) -> None:
+    """One line on stderr per id that matched nothing (``repr``: a stray newline or space shows), then exit 1."""
+    for i in missing:
+        click.echo(f"not found: no archived message with id {i!r}", err=True)
+    if missing and exit_now:
         failed()
 
 
 examples(archive_replay,
          "kombu-events -A proj.events archive replay --queue billing.audit --dry-run   # what would go back",
+         "kombu-events -A proj.events archive replay --id 4fbcc4187f8e49a687d3721b2007dc15",
          "kombu-events -A proj.events archive replay --queue billing.audit --limit 100")
 
 

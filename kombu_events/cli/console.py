@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..core.config import MANAGEMENT_URL_ENV, check_management_url
 from ..errors import ConfigurationError
 from .common import Context, examples, guarded
 
@@ -82,13 +83,18 @@ def _tokens(path: Path | None) -> dict[str, tuple[str, str]]:
 @click.option("--audit-file", type=click.Path(dir_okay=False, path_type=Path),
               default="kombu-events-console-audit.jsonl", show_default=True,
               help="Where the audit trail is appended (JSON Lines).")
+@click.option("--management-url",
+              help="RabbitMQ management API, for the overview's unacked counts (default: the management_url "
+                   f"setting, {MANAGEMENT_URL_ENV}, else http://<broker host>:15672).")
 @click.pass_obj
 @guarded
 def console(obj: Context, host: str, port: int, password_env: str | None, password_file: Path | None,
             viewer_password_env: str | None, viewer_password_file: Path | None, token_file: Path | None,
             proxy_header: str | None, trusted_proxy: tuple[str, ...], proxy_operator: tuple[str, ...],
-            read_only: bool, allow_edit: bool, audit_file: Path) -> None:
+            read_only: bool, allow_edit: bool, audit_file: Path, management_url: str | None) -> None:
     """Serve the failed-message console (overview, failures grouped, replay, purge, audit trail)."""
+    if management_url is not None:
+        check_management_url(management_url, setting="--management-url")
     if _MISSING is not None:
         raise ConfigurationError(f"the console needs the console extra: pip install 'kombu-events[console]' "
                                  f"({_MISSING})")
@@ -98,7 +104,8 @@ def console(obj: Context, host: str, port: int, password_env: str | None, passwo
     auth = AuthSettings(passwords=passwords, tokens=_tokens(token_file), proxy_header=proxy_header,
                         trusted_proxies=frozenset(trusted_proxy), proxy_operators=frozenset(proxy_operator))
     check_listen(host, auth)
-    settings = ConsoleSettings(auth=auth, read_only=read_only, allow_edit=allow_edit, audit_path=audit_file)
+    settings = ConsoleSettings(auth=auth, read_only=read_only, allow_edit=allow_edit, audit_path=audit_file,
+                               management_url=management_url)
     app: Any = create_app(obj.events, settings, broker_url=obj.url)
     click.echo(f"kombu-events console for service {obj.events.service} on http://{host}:{port}/", err=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", server_header=False, proxy_headers=False)
@@ -107,4 +114,5 @@ def console(obj: Context, host: str, port: int, password_env: str | None, passwo
 examples(console,
          "kombu-events -A proj.events console                      # http://127.0.0.1:8089/, local only",
          "kombu-events -A proj.events console --host 0.0.0.0 --password-env CONSOLE_PW   # a password, set",
-         "kombu-events -A proj.events console --read-only --token-file /etc/kombu-events/console-tokens")
+         "kombu-events -A proj.events console --read-only --token-file /etc/kombu-events/console-tokens",
+         "kombu-events -A proj.events console --management-url https://rabbitmq.internal:15671   # unacked counts")

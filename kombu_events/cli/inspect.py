@@ -12,7 +12,7 @@ from amqp.exceptions import NotFound
 from kombu import Connection
 
 from ..broker.version import broker_name, describe, reported_version
-from ..core.config import check_management_url
+from ..core.config import MANAGEMENT_URL_ENV, check_management_url, management_base_url
 from ..core.logs import safe_text, safe_url
 from ..core.schedule import summary
 from ..errors import BrokerUnavailableError
@@ -26,11 +26,23 @@ SCHEDULE_KEYS = ("schedule", "every_s", "catch_up", "queue", "last_run", "last_d
                  "outcome", "duration_ms", "note")
 
 
+def _management_url_option(fn: Any) -> Any:
+    """``--management-url`` of ``status`` and ``health`` (the console has one too), checked by :func:`_checked`."""
+    return click.option("--management-url", help="RabbitMQ management API (default: the management_url setting, "
+                                                  f"{MANAGEMENT_URL_ENV}, else http://<broker host>:15672).")(fn)
+
+
+def _checked(management_url: str | None) -> str | None:
+    """``--management-url`` as given, refused (one line, no credential shown) before anything connects."""
+    if management_url is not None:
+        check_management_url(management_url, setting="--management-url")
+    return management_url
+
+
 @click.command()
 @json_option("status", "a JSON array on stdout instead, one object per queue")
 @click.option("--max-archive", type=click.IntRange(min=0), help="Exit 2 when the archive holds more messages.")
-@click.option("--management-url", help="RabbitMQ management API (default: the management_url setting, else "
-                                        "http://<broker host>:15672).")
+@_management_url_option
 @click.pass_obj
 @guarded
 def status(obj: Context, as_json: bool, max_archive: int | None, management_url: str | None) -> None:
@@ -38,11 +50,12 @@ def status(obj: Context, as_json: bool, max_archive: int | None, management_url:
 
     A handler queue with no consumer shows as PAUSED: its circuit breaker is open, or no worker runs.
     """
-    if management_url is not None:
-        check_management_url(management_url, setting="--management-url")
+    management_url = _checked(management_url)
     with obj.connection() as conn:
         rows = gather(conn, obj.events.topology(), management_url)
         broker, version = describe(conn), reported_version(conn)
+        guessed = management_base_url(None, conn.hostname) \
+            if management_url is None and obj.events.settings.management_url is None else None
     if as_json:
         emit_json([{**r.as_dict(), "broker_version": version} for r in rows])
     else:
@@ -60,9 +73,19 @@ def status(obj: Context, as_json: bool, max_archive: int | None, management_url:
         if r.role == "unrouted" and r.ready:
             click.echo(f"WARNING: {r.ready} delayed event(s) came due with no queue bound for their key: "
                        f"they wait in {r.queue}", err=True)
+    if guessed is not None:
+        click.echo(_guess(safe_url(guessed), answered=any(r.unacked is not None for r in rows)), err=True)
     archived = next((r.ready or 0) for r in rows if r.role == "archive")
     if max_archive is not None and archived > max_archive:
         over_threshold(f"ALERT: archive holds {archived} messages (more than --max-archive {max_archive})")
+
+
+def _guess(url: str, *, answered: bool) -> str:
+    """The one line ``status`` adds when nothing named the management API and it asked the broker's host."""
+    name = f"name it with --management-url or {MANAGEMENT_URL_ENV}"
+    if answered:
+        return f"NOTE: unacked counts from the management API at {url}, a guess from the broker's host ({name})"
+    return f"NOTE: no management API answered at {url}, a guess from the broker's host: unacked unknown ({name})"
 
 
 examples(status,
@@ -73,21 +96,23 @@ examples(status,
 @click.command()
 @json_option("health", "one JSON object on stdout instead: healthy, problems, queues")
 @click.option("--max-archive", type=click.IntRange(min=0), help="A problem when the archive holds more messages.")
+@_management_url_option
 @click.pass_obj
 @guarded
-def health(obj: Context, as_json: bool, max_archive: int | None) -> None:
+def health(obj: Context, as_json: bool, max_archive: int | None, management_url: str | None) -> None:
     """Exit 0 when the broker is reachable, the topology exists and every handler queue has a consumer.
 
     Exit 2 otherwise (also when the archive holds more than --max-archive messages),
     with one line per problem: a readiness check or an alert. Exit 1 when the
     broker cannot be reached (the one problem then).
     """
+    management_url = _checked(management_url)
     topology = obj.events.topology()
     rows: list[Any] = []
     unreachable, name, version = False, "", None
     try:
         with obj.connection() as conn:
-            rows = gather(conn, topology)
+            rows = gather(conn, topology, management_url)
             found = problems(rows, missing=missing_exchanges(conn, topology), max_archive=max_archive)
             name, version = broker_name(conn), reported_version(conn)
     except BrokerUnavailableError as exc:

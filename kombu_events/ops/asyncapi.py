@@ -2,14 +2,19 @@
 
 The channels: the events exchange (``is: routingKey``, address null: each event picks its own routing key),
 and one per handler queue (``is: queue``, address the queue's name, its binding keys in
-``x-kombu-events-bindings``). The operations: ``receive`` per handler, its retry ladder and archive in prose
-and in ``x-kombu-events-retry`` / ``x-kombu-events-archive``; ``send`` per declared publication, on the events
-exchange, its pattern in ``x-kombu-events-routing-key``. Payloads are the contracts' JSON Schemas in
-AsyncAPI's default schema format (JSON Schema draft 07 and more): pydantic's draft 2020-12 is rewritten to
-it (:mod:`kombu_events.ops.json_schema`), its ``$defs`` moved to ``components/schemas``; the YAML is written by
-:mod:`kombu_events.ops.yaml_text`. Names, durability and arguments come from the service's topology,
-the one place that builds them. Periodic schedules are the service's own business and are left out; so is
-every credential of the broker URL (user name included).
+``x-kombu-events-bindings``). A handler's channel holds one message per form an event arrives in, since the
+worker unwraps them all: the bare message, and a CloudEvent in structured mode (``application/cloudevents+json``,
+the payload under ``data``) and in binary mode (the attributes in ``ce-*`` headers); a ``type=`` handler's type
+is the AMQP ``type`` property of the bare form (``messageType``) and the CloudEvents ``type`` attribute of the
+others (a ``const`` in their schemas). The operations: ``receive`` per handler, its retry ladder and archive in
+prose and in ``x-kombu-events-retry`` / ``x-kombu-events-archive``, the dedup key of a ``once=`` handler in
+``x-kombu-events-once``; ``send`` per declared publication, on the events exchange, its pattern in
+``x-kombu-events-routing-key``, at least once through the outbox (``x-kombu-events-delivery``). Payloads are
+the contracts' JSON Schemas in AsyncAPI's default schema format (JSON Schema draft 07 and more): pydantic's
+draft 2020-12 is rewritten to it (:mod:`kombu_events.ops.json_schema`), its ``$defs`` moved to
+``components/schemas``; the YAML is written by :mod:`kombu_events.ops.yaml_text`. Names, durability and
+arguments come from the service's topology, the one place that builds them. Periodic schedules are the
+service's own business and are left out; so is every credential of the broker URL (user name included).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from ..core.contracts import Contract, Publication
 from ..core.handlers import Handler
 from ..core.topology import Topology
 from ..errors import DelayTooLongError
+from .asyncapi_forms import OUTBOX, binary, dedup, dedup_note, once_key, qualified, structured
 from .json_schema import Schemas, component_key, unique_key
 from .yaml_text import to_json, to_yaml
 
@@ -51,6 +57,8 @@ class Service(Protocol):
     def handlers(self) -> tuple[Handler, ...]: ...
     @property
     def publications(self) -> tuple[Publication, ...]: ...
+    @property
+    def outbox(self) -> object | None: ...
     def topology(self) -> Topology: ...
 
 
@@ -63,7 +71,7 @@ def document(service: Service, *, broker_url: str | None = None, version: str = 
     settings, topology = service.settings, service.topology()
     url = broker_url or service.broker_url
     vhost = _vhost(url)
-    build = _Build(topology, vhost)
+    build = _Build(topology, vhost, outbox=service.outbox is not None)
     handlers = sorted((h for h in service.handlers if topology.role(h.queue) == "handler"), key=lambda h: h.queue)
     for handler in handlers:
         build.handler(handler)
@@ -90,8 +98,11 @@ def _info(name: str, settings: Settings, schedules: bool) -> str:
             f"`kombu-events asyncapi`: each handler receives from a queue of its own, bound to the topic "
             f"exchange `{settings.exchange}` with its binding keys; each publication the service declared "
             f"(`events.publishes`) is sent to that exchange. Payloads are JSON, checked against the "
-            f"handler's or publication's type where it has one.\n\n`info.version` is the version given to "
-            f"the command (`--api-version`, default 1.0.0): kombu-events does not know your service's.")
+            f"handler's or publication's type where it has one. A handler's channel lists each form its events "
+            f"may arrive in: a bare JSON message, or a CloudEvent in structured or binary mode, which the worker "
+            f"unwraps (MassTransit, NServiceBus and Spring AMQP envelopes too: docs/contracts.md).\n\n"
+            f"`info.version` is the version given to the command (`--api-version`, default 1.0.0): kombu-events "
+            f"does not know your service's.")
     if schedules:
         text += "\n\nThe service's periodic schedules use queues of their own, fed by no publisher: not shown."
     return text
@@ -100,8 +111,8 @@ def _info(name: str, settings: Settings, schedules: bool) -> str:
 class _Build:
     """The channels, operations, messages and schemas of one document, keyed and referenced."""
 
-    def __init__(self, topology: Topology, vhost: str) -> None:
-        self.topology, self.vhost, self.settings = topology, vhost, topology.settings
+    def __init__(self, topology: Topology, vhost: str, *, outbox: bool = False) -> None:
+        self.topology, self.vhost, self.settings, self.outbox = topology, vhost, topology.settings, outbox
         self.channels: dict[str, Any] = {}
         self.operations: dict[str, Any] = {}
         self.messages: dict[str, Any] = {}
@@ -127,29 +138,40 @@ class _Build:
         queue = next(q for q in self.topology.queues if q.name == handler.queue)
         keys = sorted(b.routing_key for b in queue.bindings if b.exchange.name == self.settings.exchange)
         channel = unique_key(component_key(handler.queue), {*self.channels, _EXCHANGE})
-        message = unique_key(component_key(handler.name), self.messages)
-        self.messages[message] = self._message(handler.name, handler.contract, handler,
-                                               where=f"handler {handler.name!r}")
-        self.channels[channel] = self._queue_channel(queue, keys, message)
+        messages = self._forms(handler)
+        self.channels[channel] = self._queue_channel(queue, keys, messages)
         retry, archive = _retry(handler, self.settings), self._archive(handler)
         self.operations[unique_key(component_key(handler.name), self.operations)] = {
             "action": "receive", "channel": {"$ref": f"#/channels/{channel}"},
-            "messages": [{"$ref": f"#/channels/{channel}/messages/{message}"}],
+            "messages": [{"$ref": f"#/channels/{channel}/messages/{m}"} for m in messages],
             "summary": _first_line(handler.fn) or f"Handles the events bound with {', '.join(keys)}.",
             "description": _handling(handler, keys, retry, archive, self.settings.exchange),
             "bindings": {"amqp": {"ack": True, "bindingVersion": _AMQP}},
-            "x-kombu-events-handler": _qualified(handler.fn),
+            "x-kombu-events-handler": qualified(handler.fn),
             "x-kombu-events-message-type": handler.message_type,
+            "x-kombu-events-once": once_key(handler),
             "x-kombu-events-retry": retry, "x-kombu-events-archive": archive,
         }
 
-    def _queue_channel(self, queue: Any, keys: list[str], message: str) -> dict[str, Any]:
+    def _forms(self, handler: Handler) -> list[str]:
+        """The keys of the handler's messages: the bare one, then (unless raw=True, which unwraps nothing)
+        the CloudEvents forms of the same payload."""
+        bare = self._message(handler.name, handler.contract, handler, where=f"handler {handler.name!r}")
+        keys = [unique_key(component_key(handler.name), self.messages)]
+        self.messages[keys[0]] = bare
+        if not handler.raw:
+            for suffix, form in (("cloudevents", structured), ("cloudevents-binary", binary)):
+                keys.append(unique_key(f"{keys[0]}.{suffix}", self.messages))
+                self.messages[keys[-1]] = form(bare, handler)
+        return keys
+
+    def _queue_channel(self, queue: Any, keys: list[str], messages: list[str]) -> dict[str, Any]:
         # "{x}" in an address is a parameter, and AsyncAPI has no escape for it: such a name is in the binding only
         address = None if "{" in queue.name or "}" in queue.name else queue.name
         return {
             "address": address, "title": f"queue {queue.name}",
             "summary": f"Bound to exchange {self.settings.exchange} with " + ", ".join(keys) + ".",
-            "messages": {message: {"$ref": f"#/components/messages/{message}"}},
+            "messages": {m: {"$ref": f"#/components/messages/{m}"} for m in messages},
             "bindings": {"amqp": {"is": "queue", "queue": {
                 "name": queue.name, "durable": bool(queue.durable), "exclusive": bool(queue.exclusive),
                 "autoDelete": bool(queue.auto_delete), "vhost": self.vhost}, "bindingVersion": _AMQP}},
@@ -172,9 +194,10 @@ class _Build:
             "description": (f"`events.publish(key, payload)` with a key matching `{publication.pattern}` (`*` one "
                             f"word, `#` zero or more) refuses a payload that does not fit {contract}, before "
                             f"sending. Sent persistent (delivery mode 2), `mandatory` (an event no queue is bound "
-                            f"for is an error) and confirmed by the broker."),
+                            f"for is an error) and confirmed by the broker." + (OUTBOX if self.outbox else "")),
             "bindings": {"amqp": {"deliveryMode": 2, "bindingVersion": _AMQP}},
             "x-kombu-events-routing-key": publication.pattern,
+            **({"x-kombu-events-delivery": "at-least-once"} if self.outbox else {}),
         }
 
     def _message(self, name: str, contract: Contract | None, handler: Handler | None, *,
@@ -189,6 +212,9 @@ class _Build:
             message["payload"] = {"description": "Any JSON: the handler's parameter has no type, nothing is checked."}
         if handler is not None and handler.message_type is not None:
             message["bindings"] = {"amqp": {"messageType": handler.message_type, "bindingVersion": _AMQP}}
+        if handler is not None and handler.once:
+            message["description"] = " ".join(filter(None, [message.get("description"),
+                                                            dedup_note(handler, cloudevent=False)]))
         return message
 
     def _archive(self, handler: Handler) -> dict[str, Any]:
@@ -199,7 +225,7 @@ class _Build:
                    "a body that does not decode, or a content type not accepted"]
         if handler.contract is not None:
             at_once.insert(0, f"a payload that does not fit {handler.contract.name}")
-        at_once += [f"raise {_qualified(kind)}" for kind in handler.dont_retry]
+        at_once += [f"raise {qualified(kind)}" for kind in handler.dont_retry]
         return {"exchange": exchange, "queue": queue.name, "maxLength": arguments.get("x-max-length"),
                 "messageTtlMs": arguments.get("x-message-ttl"), "archivedAtOnce": at_once}
 
@@ -210,14 +236,18 @@ def _handling(handler: Handler, keys: list[str], retry: dict[str, Any], archive:
     steps = ", ".join(_duration(ms) for ms in retry["delaysMs"])
     if len(retry["delaysMs"]) < retry["maxRetries"]:
         steps += f", then {_duration(retry['delaysMs'][-1])} for each further retry"
-    text = [(f"Runs `{_qualified(handler.fn)}` in a Celery worker for each event routed to queue "
+    text = [(f"Runs `{qualified(handler.fn)}` in a Celery worker for each event routed to queue "
              f"`{handler.queue}` (exchange `{exchange}`, binding keys {', '.join(f'`{k}`' for k in keys)}); "
              f"the message is acked once it returns.")]
     if handler.message_type is not None:
-        text.append(f"Only events of message type `{handler.message_type}` (an envelope's type, or the AMQP "
-                    f"`type` property) run it: the others are acked without running it.")
+        text.append(f"Only events of message type `{handler.message_type}` run it: the CloudEvents `type` "
+                    f"attribute of a CloudEvent (MassTransit's, NServiceBus's or Spring's type name in their "
+                    f"envelopes), the AMQP `type` property of a bare message. The others are acked without "
+                    f"running it.")
     if handler.contract is not None:
         text.append(f"The payload must fit `{handler.contract.name}` (the schema below).")
+    if handler.once:
+        text.append("Effectively once (`once=`): " + dedup(handler, "its `message_id` property"))
     if retry["maxRetries"]:
         jitter = retry["backoff"].get("jitter") or 0
         spread = f" (each drawn from {1 - jitter:g}-1 times that: jitter {jitter:g})" if jitter else ""
@@ -255,7 +285,7 @@ def _retry(handler: Handler, settings: Settings) -> dict[str, Any]:
         delays.append(units * settings.delay_unit_ms)
     return {"maxRetries": handler.max_retries, "backoff": policy, "delaysMs": delays,
             "delayUnitMs": settings.delay_unit_ms,
-            "retryFor": [_qualified(kind) for kind in handler.retry_for]}
+            "retryFor": [qualified(kind) for kind in handler.retry_for]}
 
 
 def _servers(url: str) -> dict[str, Any]:
@@ -288,12 +318,6 @@ def _vhost(url: str) -> str:
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(word.capitalize() for word in rest)
-
-
-def _qualified(obj: Any) -> str:
-    """``module.qualname`` of a function or class; else the type's."""
-    target = obj if hasattr(obj, "__qualname__") else type(obj)
-    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
 def _first_line(fn: Callable[..., Any]) -> str:

@@ -1,6 +1,7 @@
 """``kombu-events asyncapi`` run as a user runs it, its output validated by the reference AsyncAPI parser
-(``@asyncapi/parser``, tests/node/asyncapi_check.js): zero errors for services of every handler kind, as JSON on
-stdout and as YAML in a file, and the same bytes from another process. It needs Node.js, not the broker: under
+(``@asyncapi/parser``, tests/node/asyncapi_check.js): zero errors for services of every handler kind (a CloudEvents
+handler's too: its structured and binary forms, its dedup key, the outbox), as JSON on stdout and as YAML in a file,
+and the same bytes from another process. It needs Node.js, not the broker: under
 CI=true a missing ``node`` (or parser) fails the test instead of skipping it."""
 from __future__ import annotations
 
@@ -124,7 +125,28 @@ events.publishes("clock.*", Tick)
 events.publishes("clock.batch", list[Tick])
 """
 
-SERVICES = {"every-kind": EVERY_KIND, "minimal": MINIMAL, "publisher": PUBLISHER}
+#: A service fed CloudEvents: a typed handler of one CloudEvents type, effectively once (a database: SQLite in
+#: memory, never connected to), its own events published through the outbox. Its channel's messages are the bare
+#: form and both CloudEvents modes (application/cloudevents+json with the payload under data; ce-* headers).
+CLOUDEVENTS = """
+import sqlalchemy as sa
+from pydantic import BaseModel
+
+events = Events(app, service=SERVICE, exchange=EXCHANGE, database=sa.create_engine("sqlite://"), outbox=True)
+
+class OrderPlaced(BaseModel):
+    order_id: int
+    amount: float
+    currency: str
+
+@events.handler("orders.*.placed", type="com.example.order.placed", once=True)
+def charge(order: OrderPlaced) -> None:
+    '''Charge an order, once.'''
+
+events.publishes("orders.*.charged", OrderPlaced)
+"""
+
+SERVICES = {"every-kind": EVERY_KIND, "minimal": MINIMAL, "publisher": PUBLISHER, "cloudevents": CLOUDEVENTS}
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +206,27 @@ def test_the_document_passes_the_asyncapi_parser_as_json_and_as_yaml(node, tmp_p
     for diagnostics in (check(node, text=printed), check(node, path=out)):
         # What the parser may still say: only that 3.1.0 exists (the document is 3.0.0 on purpose).
         assert {d["code"] for d in diagnostics} <= {"asyncapi-latest-version"}, diagnostics
+
+
+def test_a_cloudevents_handlers_document_says_what_arrives_and_passes_the_parser(node, tmp_path):
+    """The CloudEvents forms with their content type, ``data`` and ``ce-*`` headers, the type where CloudEvents
+    carry it, the dedup key and the outbox's delivery: in a document the reference parser accepts."""
+    proj = project(tmp_path, CLOUDEVENTS)
+    printed = kombu_events(proj, "asyncapi", "--format", "json").stdout
+    assert {d["code"] for d in check(node, text=printed)} <= {"asyncapi-latest-version"}
+    doc = json.loads(printed)
+    keys = doc["channels"][f"{proj.service}.charge"]["messages"]
+    assert list(keys) == ["charge", "charge.cloudevents", "charge.cloudevents-binary"]
+    bare, structured, binary = (doc["components"]["messages"][key] for key in keys)
+    assert structured["contentType"] == "application/cloudevents+json"
+    assert structured["payload"]["properties"]["data"] == {"$ref": "#/components/schemas/OrderPlaced"}
+    assert structured["payload"]["properties"]["type"]["const"] == "com.example.order.placed"
+    assert binary["headers"]["properties"]["ce-type"]["const"] == "com.example.order.placed"
+    assert bare["bindings"]["amqp"]["messageType"] == "com.example.order.placed"
+    assert "bindings" not in structured and "bindings" not in binary
+    assert doc["operations"]["charge"]["x-kombu-events-once"]["key"] == "message_id"
+    [send] = [op for op in doc["operations"].values() if op["action"] == "send"]
+    assert send["x-kombu-events-delivery"] == "at-least-once"
 
 
 def test_every_kind_of_handler_is_in_the_document_and_the_text_is_stable(node, tmp_path):

@@ -171,7 +171,8 @@ def test_a_queue_name_with_braces_is_no_address():
 def test_a_receive_operation_per_handler_with_its_retries_and_the_archive(doc):
     charge_op = doc["operations"]["charge"]
     assert charge_op["action"] == "receive" and charge_op["channel"] == {"$ref": "#/channels/billing.charge"}
-    assert charge_op["messages"] == [{"$ref": "#/channels/billing.charge/messages/charge"}]
+    assert charge_op["messages"] == [{"$ref": f"#/channels/billing.charge/messages/{m}"}
+                                     for m in ("charge", "charge.cloudevents", "charge.cloudevents-binary")]
     assert charge_op["summary"] == "Charge the customer for a new order."
     assert charge_op["bindings"]["amqp"] == {"ack": True, "bindingVersion": "0.3.0"}
     assert charge_op["x-kombu-events-handler"] == f"{__name__}.charge"
@@ -233,7 +234,11 @@ def test_payloads_are_the_contracts_schemas_with_their_defs_in_components(doc):
     assert messages["audit"]["payload"] == {
         "description": "Any JSON: the handler's parameter has no type, nothing is checked."}
     assert "payload" not in messages["raw"] and "contentType" not in messages["raw"]
-    assert all(m.get("contentType", "application/json") == "application/json" for m in messages.values())
+    assert all(m.get("contentType", "application/json") == "application/json" for key, m in messages.items()
+               if not key.endswith(".cloudevents"))
+    assert {m["contentType"] for key, m in messages.items() if key.endswith(".cloudevents")} == {
+        "application/cloudevents+json"}
+    assert not any(key.startswith("raw.") for key in messages), "raw=True unwraps nothing: the bare form only"
 
 
 def refs(node: Any):
