@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from .core.backoff import Constant, Exponential
 from .core.circuit import CircuitBreaker
-from .core.decision import Outcome
+from .core.decision import DEFERRED, Outcome
 from .core.delivery import Delivery
 from .core.event import Event
 from .core.health import Degraded, Healthy, Unhealthy
+from .core.settlement import Step
 from .errors import (
     Archive,
     BacklogError,
@@ -36,7 +37,8 @@ from .version import __version__ as __version__
 
 __all__ = [
     "Events", "Event", "Retry", "Archive", "Poisoned", "poisonous", "Exponential", "Constant",
-    "Middleware", "Delivery", "Outcome", "HeaderError", "CircuitBreaker", "Healthy", "Degraded", "Unhealthy",
+    "Middleware", "Delivery", "Outcome", "DEFERRED", "Step", "HeaderError", "CircuitBreaker", "Healthy",
+    "Degraded", "Unhealthy",
     "Published", "Backlog", "PublisherCheck",
     "KombuEventsError", "ConfigurationError", "DelayTooLongError", "TopologyConflictError",
     "PublishError", "UnroutableError", "ConfirmTimeoutError", "BrokerUnavailableError", "BacklogError",
