@@ -58,7 +58,7 @@ def received(broker_url: str, queue: Queue, count: int) -> list[Any]:
 @pytest.mark.parametrize(("mode", "prefix"), [("structured", None), ("binary", "ce-"), ("binary", "cloudEvents_")])
 def test_sdk_events_arrive_and_unwrap(broker_url, mode, prefix):
     exchange = Exchange(unique("ex-ce"), "topic", durable=True)  # as the script asserts it
-    queue = Queue(unique("q-ce"), exchange, routing_key="orders.#", durable=False, auto_delete=False)
+    queue = Queue(unique("q-ce"), exchange, routing_key="orders.#", durable=True, auto_delete=False)
     ids = [unique("ce-"), unique("ce-")]
     events = [
         {"routing_key": "orders.placed", "type": "com.example.order.placed", "source": "/orders", "id": ids[0],

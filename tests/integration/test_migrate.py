@@ -201,14 +201,14 @@ def test_a_run_killed_mid_move_is_finished_by_the_next_and_loses_nothing(project
 def test_observe_reads_missing_matching_and_refused_queues_and_their_holding_queues(broker_url):
     """Passive declares for the counts (a missing queue among them), a declare for the match; no channel kept."""
     names = {role: unique(f"observe-{role}.") for role in ("gone", "same", "other")}
-    targets = [Queue(name, durable=False, queue_arguments={"x-max-length": 10}) for name in names.values()]
+    targets = [Queue(name, durable=True, queue_arguments={"x-max-length": 10}) for name in names.values()]
     with Connection(broker_url) as conn:
         conn.connect()
         channel = conn.channel()
         channel.confirm_select()
-        channel.queue_declare(names["same"], durable=False, auto_delete=False, arguments={"x-max-length": 10})
-        channel.queue_declare(names["other"], durable=False, auto_delete=False)  # no limit: not the target
-        channel.queue_declare(holding_name(names["other"]), durable=False, auto_delete=False)
+        channel.queue_declare(names["same"], durable=True, auto_delete=False, arguments={"x-max-length": 10})
+        channel.queue_declare(names["other"], durable=True, auto_delete=False)  # no limit: not the target
+        channel.queue_declare(holding_name(names["other"]), durable=True, auto_delete=False)
         for queue in (names["other"], names["other"], holding_name(names["other"])):
             channel.basic_publish(Message(b"x"), exchange="", routing_key=queue)
         try:

@@ -39,7 +39,7 @@ def round_trip(url: str) -> bytes:
     with Connection(url) as conn:
         channel = conn.channel()
         channel.confirm_select()
-        channel.queue_declare("kit.probe", durable=False, auto_delete=False)
+        channel.queue_declare("kit.probe", durable=True, auto_delete=False)
         channel.basic_publish(amqp.Message(b"hello"), exchange="", routing_key="kit.probe", mandatory=True)
         message = channel.basic_get("kit.probe", no_ack=True)
         return bytes(message.body)
@@ -69,7 +69,7 @@ def test_uses_the_broker(events_broker):
         fh.write(events_broker)
     from kombu import Connection
     with Connection(events_broker) as conn:
-        conn.default_channel.queue_declare("kit.inner")
+        conn.default_channel.queue_declare("kit.inner", durable=True, auto_delete=False)
 
 def test_fails_with_the_broker(events_broker):
     with open("failed-url.txt", "w") as fh:
@@ -115,7 +115,7 @@ def test_the_topic_matcher_routes_as_rabbitmq_does(events_broker):
         channel = conn.channel()
         channel.exchange_declare("kit.topic", "topic", durable=False)
         for index, binding_key in enumerate(BINDING_KEYS):
-            channel.queue_declare(f"q{index}", durable=False)
+            channel.queue_declare(f"q{index}", durable=True, auto_delete=False)
             channel.queue_bind(f"q{index}", "kit.topic", binding_key)
         channel.confirm_select()
         for routing_key in ROUTING_KEYS:
