@@ -104,6 +104,7 @@ class ServiceConsumer:
         #: prefork pool drops the jobs it had not yet written to a process, and those never call back.
         self._jobs, self._processes, self._since = 0, 1, 0.0
         self._connection_jobs = 0
+        self._concurrency = 1
         #: Bodies received and not settled, against ``inflight_max_bytes`` (counted anew on each connection).
         self.budget = InflightBudget(max_bytes=self.settings.inflight_max_bytes,
                                      body_bytes=self.settings.max_body_bytes, consumers=len(self.routes))
@@ -147,7 +148,10 @@ class ServiceConsumer:
         channel = connection.channel()
         channel.auto_decode = False  # handlers get the body bytes as published, never a str
         channel.message_to_python = partial(_as_published, channel)
-        self._qos = self.budget.prefetch(self.prefetch_count)
+        #: Handlers the pool runs at once (processes, threads or greenlets): the budget never caps a
+        #: prefetch below what keeps them busy (times async_concurrency for a queue of async def handlers).
+        self._concurrency = max(1, getattr(pool, "limit", 1) or 1)
+        self._qos = self.budget.prefetch(self.prefetch_count, floor=self._concurrency)
         channel.basic_qos(0, self._qos, False)
         self._channels = [channel, self._open_publisher()]
         self._consumers = {
@@ -263,7 +267,8 @@ class ServiceConsumer:
         """The prefetch of ``queue``'s consumer started now: ``prefetch``, else its handler's, else the
         service's; at most its share of what the budget has room for."""
         wanted = self._prefetch.get(queue, self.prefetch_count) if prefetch is None else prefetch
-        return self.budget.prefetch(wanted)
+        at_once = self._concurrency * (self.settings.async_concurrency if queue in self.awaited else 1)
+        return self.budget.prefetch(wanted, floor=at_once)  # any one queue may keep the whole pool busy
 
     # -- the budget of bytes in flight (inflight_max_bytes) -------------------------------------------
 

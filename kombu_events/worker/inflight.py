@@ -63,12 +63,14 @@ class InflightBudget:
         """What the budget has room for now (0 when spent)."""
         return max(0, self.max_bytes - self.in_flight_bytes)
 
-    def prefetch(self, wanted: int) -> int:
+    def prefetch(self, wanted: int, *, floor: int = 1) -> int:
         """The prefetch of a consumer started now that asks for ``wanted``: at most its share of the room
-        left, counted in bodies of ``body_bytes``; at least 1."""
+        left, counted in bodies of ``body_bytes``, but never under ``floor`` (the handlers its pool runs at
+        once: a smaller prefetch would leave them idle) nor over ``wanted``; at least 1."""
         if not self.max_bytes:
             return max(1, wanted)
-        return max(1, min(wanted, self.room_bytes // (self.body_bytes * self.consumers)))
+        share = self.room_bytes // (self.body_bytes * self.consumers)
+        return max(1, min(wanted, max(floor, share)))
 
     def _decide(self) -> None:
         if not self.max_bytes or not self.in_flight:

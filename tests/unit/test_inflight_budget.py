@@ -394,7 +394,7 @@ def test_more_queues_than_the_budget_holds_pause_and_resume_losing_and_reorderin
     # 3 queues, one body of max_body_bytes each fits 48 KiB only twice: every consumer gets prefetch 1,
     # and three bodies of 20 KiB (60 KiB) held at once put the worker over its budget.
     consumer = make_consumer(queues=3, max_body_bytes=24 * KIB, inflight_max_bytes=48 * KIB)
-    broker, pool = Broker(), Pool(solo=False, limit=3)
+    broker, pool = Broker(), Pool(solo=False, limit=1)  # a pool of 3 would keep a prefetch of 3 each
     for i in range(10):
         for queue in QUEUES:
             broker.publish(queue, f"{queue}-{i}", 20 * KIB)
@@ -449,3 +449,21 @@ def test_a_restart_while_the_budget_is_spent_consumes_again_on_the_new_connectio
     assert pool.handled == [("budget.one", "small")]
     assert [p[2] for p in consumer._channels[1].published] == ["big"], "redelivered: to the ladder, then acked"
     assert not broker.unacked and consumer.budget.in_flight == 0
+
+
+def test_the_prefetch_never_leaves_the_pool_idle():
+    """A pool that runs 50 handlers at once (gevent -c 50, async def handlers) gets at least 50 in flight, however
+    small the budget's share; never more than asked."""
+    budget = InflightBudget(max_bytes=48 * KIB, body_bytes=16 * KIB, consumers=1)
+    assert budget.prefetch(100) == 3
+    assert budget.prefetch(100, floor=50) == 50
+    assert budget.prefetch(20, floor=50) == 20
+    assert InflightBudget(max_bytes=0, body_bytes=1).prefetch(100, floor=50) == 100
+
+
+@pytest.mark.parametrize("limit, queues, expected", [(50, 1, 50), (6, 3, 6), (1, 1, 3), (1, 3, 1)])
+def test_a_consumer_s_prefetch_keeps_its_share_of_the_pool_busy(make_consumer, limit, queues, expected):
+    consumer = make_consumer(queues=queues, max_body_bytes=16 * KIB, inflight_max_bytes=48 * KIB)
+    broker = Broker()
+    started(consumer, broker, Pool(solo=False, limit=limit))
+    assert {sub["prefetch"] for sub in broker.consumers.values()} == {expected}
