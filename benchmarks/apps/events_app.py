@@ -140,6 +140,8 @@ def make_app(name: str, broker: str, task_queue: str) -> Celery:
     app = Celery(name, broker=broker)
     app.conf.broker_connection_retry_on_startup = True
     app.conf.task_default_queue = task_queue
+    if os.environ.get("KEB_INFLIGHT_MAX_BYTES"):  # a Celery setting: a tree from before it ignores it
+        app.conf.kombu_events_inflight_max_bytes = int(os.environ["KEB_INFLIGHT_MAX_BYTES"])
     return app
 
 

@@ -47,7 +47,10 @@ def escape_controls(value: Any) -> str:
     user name, an error's text): it cannot start a line of its own nor drive a terminal.
     Nothing else changes: non-ASCII letters stay, and so does a backslash.
     """
-    return _CONTROLS.sub(_escaped, value if isinstance(value, str) else str(value))
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():  # no control character, no separator but the space: nothing to escape (fast path)
+        return text
+    return _CONTROLS.sub(_escaped, text)
 
 
 def _escaped(found: re.Match[str]) -> str:
