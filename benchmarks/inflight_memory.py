@@ -113,7 +113,8 @@ def run(pool: str, budget: int, n: int, body: int, workdir: Path) -> dict[str, o
         stop_group(proc, 20)
         log.close()
         queues, exchanges = leftovers(service)
-        delete(URL, queues, exchanges + leftovers(exchange)[1])
+        ladder_queues, ladder_exchanges = leftovers(exchange)  # the exchange's delayed-publishing ladder
+        delete(URL, queues + ladder_queues, exchanges + ladder_exchanges)
     return {"before": before, "after": after, "main": proc.pid, "unacked": max(seen, default=0),
             "seconds": seconds}
 

@@ -152,3 +152,38 @@ def test_the_management_api_is_never_asked_in_plain_http_for_a_tls_connection(mo
     plain = SimpleNamespace(ssl=False, hostname="127.0.0.1", virtual_host="/", userid="svc", password="secret")
     verify._listing(plain, None)  # the fake urlopen answers nothing usable: None, but it was asked
     assert asked == ["http://127.0.0.1:15672/api/queues/%2F?columns=name,type,arguments"]
+
+
+def _listing(topology, *, rabbitmq4: bool) -> dict:
+    """The management API's listing of a declared topology: RabbitMQ 4 lists a queue's x-queue-type even
+    where it was not declared; 3.10 lists the arguments as declared. Both give each queue's ``type``."""
+    listed = {}
+    for queue in topology.queues:
+        arguments = dict(queue.queue_arguments or {})
+        kind = arguments.get("x-queue-type", "classic")
+        if not rabbitmq4:
+            arguments.pop("x-queue-type", None)  # as a queue made by an older version lists it on 3.10
+        listed[f"queue {queue.name}"] = {"type": kind, "arguments": {**arguments, "x-queue-type": kind}
+                                         if rabbitmq4 else arguments}
+    listed.update({f"exchange {e.name}": {"type": e.type, "arguments": dict(e.arguments or {})}
+                   for e in topology.exchanges})
+    return listed
+
+
+@pytest.mark.parametrize("rabbitmq4", [False, True], ids=["3.10", "4.0"])
+def test_a_classic_queue_listed_with_or_without_its_type_matches(rabbitmq4):
+    topology = service().topology()
+    assert differences(topology, _listing(topology, rabbitmq4=rabbitmq4)) == []
+
+
+def test_a_queue_of_the_other_type_differs_unless_it_is_the_exchanges_shared_ladder():
+    topology = service().topology()
+    listed = _listing(topology, rabbitmq4=True)
+    handler = topology.handler_queues[0].name
+    deferred = next(q.name for q in topology.queues if topology.role(q.name) == "deferred")
+    for name in (handler, deferred):
+        listed[f"queue {name}"]["type"] = "quorum"
+        listed[f"queue {name}"]["arguments"].update({"x-queue-type": "quorum", "x-overflow": "reject-publish"})
+    found = differences(topology, listed)
+    assert [line for line in found if deferred in line] == []  # another service declared it first
+    assert any(f"queue {handler!r} is a quorum queue" in line for line in found)
