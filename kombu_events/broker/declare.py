@@ -7,15 +7,18 @@ channel of the caller's) and the exchanges it lacks (:func:`absent_exchanges`).
 from __future__ import annotations
 
 __all__ = ["declare", "declare_queue", "tolerated", "conflict_error", "QueueCounts", "queue_counts", "peek_queues",
-           "peek_queue", "absent_exchanges", "close_quietly"]
+           "peek_queue", "absent_exchanges", "close_quietly", "open_archive"]
 
 import logging
 import re
 from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
+from amqp import Message
 from amqp.exceptions import NotFound, PreconditionFailed
 from kombu import Exchange, Queue
 
+from ..core.archive_records import OPENED, settlement_record
+from .confirms import Confirmer
 from ..core.topology import TYPE_ARGUMENTS, Topology
 from ..errors import TopologyConflictError
 
@@ -56,7 +59,10 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
             _guard("exchange", exchange.name, exchange.bind(channel).declare)
             counts["exchanges"] += 1
         kept: list[str] = []
+        opened = False
         for queue in topology.queues:
+            if topology.role(queue.name) == "archive" and peek_queue(connection, queue.name) is None:
+                opened = True  # made now: its first record says so (docs/failures.md)
             channel = _declare_queue(topology, connection, channel, queue, kept)
             bound = queue.bind(channel)
             for b in queue.bindings:
@@ -66,6 +72,8 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
         for link in topology.exchange_bindings:
             link.destination.bind(channel).bind_to(exchange=link.source.name, routing_key=link.routing_key)
             counts["exchange_bindings"] += 1
+        if opened:
+            open_archive(topology, connection)
         if kept:
             logger.info("kombu-events: %d queues shared by every service on exchange %s exist with another queue "
                         "type (another service declared them first): kept as they are", len(kept),
@@ -97,13 +105,14 @@ def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any
         return channel
     except PreconditionFailed as exc:
         found = _INEQUIVALENT.search(str(getattr(exc, "reply_text", "") or exc))
+        legacy = bool(found) and topology.role(queue.name) == "archive" and _is_legacy_archive(connection, queue.name)
         allowed = tolerated(topology, queue.name)
-        if not found or found.group(1) not in allowed:
+        if not legacy and (not found or found.group(1) not in allowed):
             raise conflict_error(exc, "queue", queue.name) from exc
-        differing = found.group(1)
+        differing = found.group(1) if found else "type"
     close_quietly(channel)
     channel = connection.channel()
-    if topology.shared(queue.name):
+    if topology.shared(queue.name) or topology.role(queue.name) == "archive":
         # Of the other type: a quorum queue also checks arguments the request lacks, so only that it exists.
         channel.queue_declare(queue.name, passive=True)
     else:  # declared again without the limit: any other difference is still a conflict
@@ -115,7 +124,45 @@ def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any
     return channel
 
 
+def open_archive(topology: Topology, connection: Any, *, timeout_s: float = 30.0) -> None:
+    """Write the first record of a new archive stream, an ``opened`` settlement that names no copy: a reader
+    finds the end of a stream from its last record, and this one makes the archive never empty."""
+    channel = connection.channel()
+    try:
+        confirmer = Confirmer(channel)
+        body, properties = settlement_record(OPENED, (), by=getattr(connection, "userid", None),
+                                             note="archive stream created")
+        failed: list[str] = []
+        confirmer.publish(Message(body, **properties), topology.archive_exchange, "", on_ok=lambda: None,
+                          on_fail=failed.append)
+        confirmer.wait(timeout_s=timeout_s)
+        if failed or confirmer.pending:
+            logger.warning("kombu-events: the first record of the new archive %s was not confirmed (%s): a read of "
+                           "the empty archive waits a few seconds for its end", topology.archive_exchange,
+                           failed[0] if failed else "no confirm")
+    finally:
+        close_quietly(channel)
+
+
+def _is_legacy_archive(connection: Any, name: str) -> bool:
+    """Whether the archive ``name`` is a queue of an earlier version (the broker refuses a stream offset on it:
+    nothing in it moves)."""
+    from .streams import NotAStreamError, last_chunk_offset
+
+    try:
+        last_chunk_offset(connection, name, wait_s=0.0)
+    except NotAStreamError:
+        return True
+    return False
+
+
 def _log_kept(topology: Topology, queue: str, argument: str) -> None:
+    if topology.role(queue) == "archive":
+        logger.warning("kombu-events: the archive %s is a queue of an earlier kombu-events version (it differs in "
+                       "%s), not a stream: it is kept and still takes archived messages, but `archive list` and the "
+                       "console refuse to read it (a read would change it). Move it to a stream with its messages: "
+                       "`kombu-events migrate --archive`", queue, argument)
+        return
     if topology.shared(queue):
         logger.debug("kombu-events: shared queue %s exists with another %s: kept as it is", queue, argument)
         return

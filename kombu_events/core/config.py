@@ -23,6 +23,7 @@ ENV = {
     "max_retries": "AMQP_EVENTS_MAX_RETRIES",
     "archive_ttl_ms": "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",
     "archive_max_length": "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH",
+    "archive_max_bytes": "KOMBU_EVENTS_ARCHIVE_MAX_BYTES",
 }
 
 #: Environment variable of the ``management_url`` setting (the one setting read from the environment as text).
@@ -45,6 +46,7 @@ LIMITS = {
     "publish_delay_unit_ms": (1, 24 * 3600 * 1000),
     "archive_ttl_ms": (0, 2**32 - 1),
     "archive_max_length": (0, 2**31 - 1),
+    "archive_max_bytes": (0, 2**53),
     "prefetch_count": (1, 65_535),
     "traceback_limit": (0, 60_000),
     "quorum_initial_group_size": (1, 999),
@@ -78,7 +80,10 @@ class Settings:
     publish_delay_levels: int = 16
     publish_delay_unit_ms: int = 1000
     archive_ttl_ms: int = 7 * 24 * 3600 * 1000
+    #: No longer bounds the archive (a stream is bounded by age and bytes); read for compatibility only.
     archive_max_length: int = 100_000
+    #: The archive stream's retention by size (``x-max-length-bytes``; 0: none): its oldest segments go past it.
+    archive_max_bytes: int = 1024**3
     prefetch_count: int | None = None  # per handler queue; None: auto_prefetch(number of handler queues)
     queue_type: str = "classic"
     quorum_initial_group_size: int = 3  # replicas of each quorum queue (at most the cluster's nodes)

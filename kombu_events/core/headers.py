@@ -11,9 +11,10 @@ __all__ = [
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
-    "DROPPED_HEADERS", "DELIVERY_COUNT", "as_sent", "Undecoded",
+    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "new_archive_key", "as_sent", "Undecoded",
 ]
 
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -33,6 +34,9 @@ REDELIVERIES = PREFIX + "redeliveries"  # broker redeliveries, counted apart fro
 EXPIRATION = PREFIX + "expiration"  # the publisher's expiration property, dropped on republish
 UNREADABLE_HEADERS = PREFIX + "unreadable-headers"  # the raw bytes of a header table py-amqp could not decode
 DROPPED_HEADERS = PREFIX + "dropped-headers"  # why an archived copy lost the publisher's headers
+ARCHIVE_KEY = PREFIX + "archive-key"  # unique per archived copy: what replay and purge act on
+REPLAY_OF = PREFIX + "replay-of"  # on a replayed copy: the archive key it was replayed from
+SETTLEMENT = PREFIX + "settlement"  # on an archive record that settles archived copies (replayed, purged)
 
 #: The basic properties a republished copy carries over (a decoder may add other keys).
 _PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",
@@ -42,7 +46,7 @@ _PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", 
 MAX_COUNT = 2**31 - 1
 
 _FAILURE_HEADERS = (ATTEMPTS, QUEUE, FIRST_FAILURE_AT, LAST_ERROR, REASON, EXCEPTION, TRACEBACK, ARCHIVED_AT,
-                    REDELIVERIES)
+                    REDELIVERIES, ARCHIVE_KEY)
 _ERROR_LIMIT = 500
 
 
@@ -189,9 +193,11 @@ def archive_headers(
     exception: str,
     traceback: str,
 ) -> dict[str, Any]:
-    """Headers of an archived message: why, where from, after how many attempts."""
+    """Headers of an archived message: why, where from, after how many attempts, and the key of this copy
+    (unique: replay and purge act on it)."""
     new = _kept(headers)
     new.update({
+        ARCHIVE_KEY: new_archive_key(),
         ATTEMPTS: attempt,
         QUEUE: queue,
         ROUTING_KEY: routing_key,
@@ -204,12 +210,21 @@ def archive_headers(
     return new
 
 
-def replay_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Headers for a replayed message: failure details dropped, attempt counter reset.
+def new_archive_key() -> str:
+    """A fresh archive key: 20 hex digits (80 random bits)."""
+    return uuid.uuid4().hex[:20]
+
+
+def replay_headers(headers: Mapping[str, Any] | None, *, archive_key: str | None = None) -> dict[str, Any]:
+    """Headers for a replayed message: failure details dropped, attempt counter reset, and the archive key
+    of the copy it replays in :data:`REPLAY_OF` (an inbox drops the same copy replayed twice).
 
     The original routing key stays, so the handler still sees the event's own name.
     """
-    return {k: v for k, v in _kept(headers).items() if k not in _FAILURE_HEADERS}
+    new = {k: v for k, v in _kept(headers).items() if k not in _FAILURE_HEADERS}
+    if archive_key is not None:
+        new[REPLAY_OF] = archive_key
+    return new
 
 
 def republish_properties(

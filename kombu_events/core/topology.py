@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 __all__ = ["Address", "ExchangeBinding", "Topology", "build_topology", "NO_DELIVERY_LIMIT", "SHARED_ROLES",
-           "TYPE_ARGUMENTS"]
+           "TYPE_ARGUMENTS", "archive_segment_bytes", "ARCHIVE_SEGMENT_BYTES"]
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
@@ -199,14 +199,29 @@ def _ladder(settings: Settings, bottom: Exchange, *, levels: int, unit_ms: int,
 
 
 def _archive(settings: Settings) -> tuple[Exchange, Queue]:
+    """The archive: a stream, whatever ``queue_type`` (a read never changes it: docs/failures.md), retained by
+    age (``archive_ttl_ms``, whole seconds) and size (``archive_max_bytes``), a segment at a time."""
     exchange = Exchange(names.archive_name(settings.service), "fanout", durable=True)
-    args = _queue_args(settings, dead_letters=False)
+    args: dict[str, object] = {"x-queue-type": "stream"}
     if settings.archive_ttl_ms:
-        args["x-message-ttl"] = settings.archive_ttl_ms
-    if settings.archive_max_length:
-        args["x-max-length"] = settings.archive_max_length
+        args["x-max-age"] = f"{-(-settings.archive_ttl_ms // 1000)}s"
+    if settings.archive_max_bytes:
+        args["x-max-length-bytes"] = settings.archive_max_bytes
+    args["x-stream-max-segment-size-bytes"] = archive_segment_bytes(settings.archive_max_bytes)
     return exchange, Queue(exchange.name, bindings=[binding(exchange, routing_key="")],
                            durable=True, queue_arguments=args)
+
+
+def archive_segment_bytes(max_bytes: int) -> int:
+    """Segment size of the archive stream: retention drops whole segments, so a quarter of ``max_bytes``
+    (between 1 MiB and 100 MB; 100 MB without a bound)."""
+    if not max_bytes:
+        return ARCHIVE_SEGMENT_BYTES
+    return max(2**20, min(ARCHIVE_SEGMENT_BYTES, max_bytes // 4))
+
+
+#: Largest segment of the archive stream (RabbitMQ's default is 500 MB).
+ARCHIVE_SEGMENT_BYTES = 100_000_000
 
 
 def _due_exchange(settings: Settings) -> Exchange:

@@ -1,0 +1,162 @@
+"""Read a RabbitMQ stream by offset over AMQP 0-9-1, changing nothing in it.
+
+A stream consumer (``x-stream-offset``) reads without removing: its acks only give the
+broker credit to send more, and nothing a reader does counts a delivery, sets
+``redelivered`` or moves a message. AMQP 0-9-1 does not say where a stream ends, so
+:func:`read` first asks for its last chunk (``x-stream-offset: last``, one message) and
+reads up to that offset, then what arrives within ``settle_s`` after it (the rest of
+that chunk, committed with it). Every confirmed publish made before a read began is
+at or before the last chunk's offsets, so it is read. A queue that is not a stream
+refuses the consumer argument (on RabbitMQ 3.10 and 4.x alike) before any message
+moves: :class:`NotAStreamError`.
+"""
+from __future__ import annotations
+
+__all__ = ["NotAStreamError", "StreamStalledError", "is_not_a_stream", "last_chunk_offset", "read", "follow",
+           "offset_of"]
+
+import socket
+import time
+from collections import deque
+from typing import Any, Iterator
+
+from amqp.exceptions import PreconditionFailed
+
+from ..errors import KombuEventsError
+from .declare import close_quietly
+
+OFFSET_HEADER = "x-stream-offset"
+#: Unacked stream messages the broker may send ahead (acks are only credit on a stream).
+PREFETCH = 100
+#: Acks are sent this many messages at a time (``multiple``), and before every wait.
+_ACK_EVERY = 50
+
+
+class NotAStreamError(KombuEventsError):
+    """The queue exists and is not a stream (a classic or quorum queue: the broker refused the offset)."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue!r} is not a stream")
+        self.queue = queue
+
+
+class StreamStalledError(KombuEventsError):
+    """The broker sent nothing for a long time before the end a read had found."""
+
+
+def is_not_a_stream(exc: BaseException) -> bool:
+    """Whether ``exc`` is the broker refusing ``x-stream-offset`` on a queue that is not a stream."""
+    return isinstance(exc, PreconditionFailed) and OFFSET_HEADER in str(getattr(exc, "reply_text", "") or exc)
+
+
+def offset_of(message: Any) -> int:
+    """The stream offset of a message read from a stream."""
+    return int((message.properties.get("application_headers") or {})[OFFSET_HEADER])
+
+
+def _consume(connection: Any, queue: str, start: int | str, prefetch: int, sink: Any) -> Any:
+    channel = connection.channel()
+    channel.auto_decode = False  # bodies exactly as stored
+    try:
+        channel.basic_qos(0, prefetch, False)
+        channel.kombu_events_tag = channel.basic_consume(queue, no_ack=False, callback=sink,
+                                                         arguments={OFFSET_HEADER: start})
+    except PreconditionFailed as exc:
+        close_quietly(channel)
+        if is_not_a_stream(exc):
+            raise NotAStreamError(queue) from exc
+        raise
+    except BaseException:
+        close_quietly(channel)
+        raise
+    return channel
+
+
+def _stop(channel: Any, sink: deque[Any]) -> None:
+    """Cancel the consumer (what the broker sent until it confirmed is dropped from ``sink``), then close the
+    channel: closing alone would leave every message on its way to be logged by py-amqp as it arrives."""
+    try:
+        if channel.is_open:
+            channel.basic_cancel(channel.kombu_events_tag)
+    except Exception:  # the connection went away: close_quietly says so at debug
+        pass
+    sink.clear()
+    close_quietly(channel)
+
+
+def last_chunk_offset(connection: Any, queue: str, *, wait_s: float = 3.0) -> int | None:
+    """The offset of the first message of ``queue``'s last chunk, or None when nothing came in ``wait_s``
+    (an empty stream). A missing queue raises amqp's NotFound; a queue that is no stream, NotAStreamError."""
+    got: deque[Any] = deque()
+    channel = _consume(connection, queue, "last", 1, got.append)
+    try:
+        deadline = time.monotonic() + wait_s
+        while not got:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                connection.drain_events(timeout=left)
+            except socket.timeout:
+                return None
+        return offset_of(got[0])
+    finally:
+        _stop(channel, got)
+
+
+def read(connection: Any, queue: str, *, start: int | str = "first", tail_wait_s: float = 3.0,
+         settle_s: float = 0.2, stall_s: float = 60.0, prefetch: int = PREFETCH) -> Iterator[tuple[int, Any]]:
+    """(offset, message) for each message of stream ``queue`` from ``start`` (an offset, or ``"first"``) to the
+    end the read found when it began (see the module), in order, on a channel of its own closed when the
+    iteration ends or is abandoned. Nothing for ``stall_s`` before that end raises StreamStalledError."""
+    end = last_chunk_offset(connection, queue, wait_s=tail_wait_s)
+    if end is None:
+        return
+    if isinstance(start, int) and start > end:
+        start = end + 1  # nothing before the end to read: only the rest of the last chunk
+    for item in _records(connection, queue, start, end, settle_s, stall_s, prefetch):
+        if item is not None:
+            yield item
+
+
+def follow(connection: Any, queue: str, *, start: int | str = "first", idle_s: float = 0.5,
+           prefetch: int = PREFETCH) -> Iterator[tuple[int, Any] | None]:
+    """(offset, message) for each message of stream ``queue`` from ``start``, then each one appended, for as long
+    as the caller iterates; None whenever nothing came for ``idle_s`` (the caller may stop there)."""
+    return _records(connection, queue, start, None, idle_s, 0.0, prefetch)
+
+
+def _records(connection: Any, queue: str, start: int | str, end: int | None, settle_s: float, stall_s: float,
+             prefetch: int) -> Iterator[tuple[int, Any] | None]:
+    arrived: deque[Any] = deque()
+    channel = _consume(connection, queue, start, prefetch, arrived.append)
+    try:
+        unacked, last_tag, reached = 0, 0, False
+        while True:
+            if not arrived:
+                if unacked:
+                    channel.basic_ack(last_tag, multiple=True)
+                    unacked = 0
+                waiting_for_end = end is not None and not reached
+                try:
+                    connection.drain_events(timeout=stall_s if waiting_for_end else settle_s)
+                except socket.timeout:
+                    if end is None:
+                        yield None
+                        continue
+                    if reached:
+                        return
+                    raise StreamStalledError(f"stream {queue!r} sent nothing for {stall_s:g} s before its end "
+                                             f"(offset {end})") from None
+                continue
+            message = arrived.popleft()
+            last_tag, unacked = message.delivery_tag, unacked + 1
+            if unacked >= _ACK_EVERY:
+                channel.basic_ack(last_tag, multiple=True)
+                unacked = 0
+            offset = offset_of(message)
+            if end is not None and offset >= end:
+                reached = True
+            yield offset, message
+    finally:
+        _stop(channel, arrived)
