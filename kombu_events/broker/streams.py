@@ -112,9 +112,9 @@ def read(connection: Any, queue: str, *, start: int | str = "first", tail_wait_s
     end = last_chunk_offset(connection, queue, wait_s=tail_wait_s)
     if end is None:
         return
-    if isinstance(start, int) and start > end:
-        start = end + 1  # nothing before the end to read: only the rest of the last chunk
-    for item in _records(connection, queue, start, end, settle_s, stall_s, prefetch):
+    # A start past the end's first offset: only what is left of the last chunk after it (never before start).
+    past_end = isinstance(start, int) and start > end
+    for item in _records(connection, queue, start, end, settle_s, stall_s, prefetch, reached=past_end):
         if item is not None:
             yield item
 
@@ -127,19 +127,28 @@ def follow(connection: Any, queue: str, *, start: int | str = "first", idle_s: f
 
 
 def _records(connection: Any, queue: str, start: int | str, end: int | None, settle_s: float, stall_s: float,
-             prefetch: int) -> Iterator[tuple[int, Any] | None]:
+             prefetch: int, reached: bool = False) -> Iterator[tuple[int, Any] | None]:
     arrived: deque[Any] = deque()
     channel = _consume(connection, queue, start, prefetch, arrived.append)
     try:
-        unacked, last_tag, reached = 0, 0, False
+        # Past the end, the read stops once it has *waited* settle_s in all (the rest of the end's chunk comes
+        # at once): an idle time that each message reset would never end beside a steady writer, and a wall-clock
+        # deadline would cut the chunk short behind a slow caller.
+        unacked, last_tag, waited = 0, 0, 0.0
         while True:
             if not arrived:
                 if unacked:
                     channel.basic_ack(last_tag, multiple=True)
                     unacked = 0
                 waiting_for_end = end is not None and not reached
+                if end is not None and reached and waited >= settle_s:
+                    return
+                timeout = stall_s if waiting_for_end else settle_s - waited if end is not None else settle_s
+                began = time.monotonic()
                 try:
-                    connection.drain_events(timeout=stall_s if waiting_for_end else settle_s)
+                    connection.drain_events(timeout=timeout)
+                    if end is not None and reached:
+                        waited += time.monotonic() - began
                 except socket.timeout:
                     if end is None:
                         yield None

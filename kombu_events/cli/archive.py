@@ -1,11 +1,13 @@
 """The ``archive`` command group, for the messages whose handler gave up: ``list`` and ``show`` read them
-(they stay in the archive), ``replay`` puts them back into their queue with the attempt counter reset
-(in transactions: each sent once or kept; exit 1 when some stay archived, or an ``--id`` matches none) and
-``purge`` deletes them for good (only with ``--yes``; ``--dry-run`` shows what would go).
+(a read changes nothing: the archive is a stream), ``replay`` puts copies back into their queue with the attempt
+counter reset (each confirmed by the broker, then settled; exit 1 when some stay archived, or a ``--key``/``--id``
+matches none) and ``purge`` settles them as purged (only with ``--yes``; ``--dry-run`` shows what would go;
+``--for-good`` rewrites the stream without them).
 
-``list``, ``replay`` and ``purge`` select alike (:func:`_selection`): the archive's messages in order, those
-of ``--queue`` and ``--routing-key`` (a key, or a topic pattern matched as RabbitMQ matches a binding), at most
-``--limit`` of them; the dry runs read exactly what the real runs would take."""
+``list``, ``replay`` and ``purge`` select alike (:func:`_selection`): the copies still archived in order, those of
+``--queue`` and ``--routing-key`` (a key, or a topic pattern matched as RabbitMQ matches a binding), of ``--key``
+(archive keys: exactly those copies) or ``--id`` (message ids: every copy with one), at most ``--limit`` of them;
+the dry runs read exactly what the real runs would take."""
 from __future__ import annotations
 
 import json
@@ -13,9 +15,10 @@ from typing import Any, Callable, Iterable
 
 import click
 
+from ..core.logs import escape_controls
 from ..core.topic import matches
 from ..errors import KombuEventsError
-from ..ops.archive import ArchivedMessage, purge, purge_all, read, replay
+from ..ops.archive import ArchivedMessage, purge, read, replay
 from .common import Context, emit_json, examples, failed, guarded, json_option
 
 
@@ -29,14 +32,25 @@ examples(archive,
          "kombu-events -A proj.events archive replay --queue billing.audit --dry-run")
 
 
-def _selection(queue: str | None, routing_key: str | None) -> Callable[[ArchivedMessage], bool]:
-    """The messages of ``queue`` (exactly) whose routing key matches ``routing_key`` (a key or a topic pattern)."""
-    return lambda m: (queue is None or m.queue == queue) and (routing_key is None
-                                                             or matches(routing_key, m.routing_key))
+def _selection(queue: str | None, routing_key: str | None, keys: tuple[str, ...] = (),
+               ids: tuple[str, ...] = ()) -> Callable[[ArchivedMessage], bool]:
+    """The copies of ``queue`` (exactly) whose routing key matches ``routing_key`` (a key or a topic pattern),
+    narrowed to the archive ``keys`` and the message ``ids`` when any are given."""
+    wanted_keys, wanted_ids = set(keys), set(ids)
+    return lambda m: ((queue is None or m.queue == queue)
+                      and (routing_key is None or matches(routing_key, m.routing_key))
+                      and (not wanted_keys or m.key in wanted_keys) and (not wanted_ids or m.id in wanted_ids))
 
 
 def _selecting(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options that select archived messages, as ``list``, ``replay`` and ``purge`` share them."""
+    fn = click.option("--id", "ids", multiple=True, metavar="ID",
+                      help="Only copies with this message id (several copies may share one; repeat for several "
+                           "ids). An id that matches none is reported and the command exits 1.")(fn)
+    fn = click.option("--key", "keys", multiple=True, metavar="KEY",
+                      help="Only the archived copy with this archive key, as `archive list` shows it (unique per "
+                           "copy; repeat for several). A key that matches none is reported and the command "
+                           "exits 1.")(fn)
     fn = click.option("--routing-key", metavar="PATTERN",
                       help="Only messages with this routing key, or whose key matches this topic pattern "
                            "('*' one word, '#' zero or more).")(fn)
@@ -45,7 +59,7 @@ def _selecting(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _entry(message: ArchivedMessage, outcome: str, why: str | None = None) -> dict[str, Any]:
     """One message in the JSON of ``replay`` and ``purge``: which, and what became of it."""
-    return {"id": message.id, "queue": message.queue, "routing_key": message.routing_key,
+    return {"key": message.key, "id": message.id, "queue": message.queue, "routing_key": message.routing_key,
             "archived_at": message.archived_at, "reason": message.reason, "outcome": outcome, "why": why}
 
 
@@ -55,16 +69,17 @@ def _entry(message: ArchivedMessage, outcome: str, why: str | None = None) -> di
 @json_option("archive-list", "JSON Lines on stdout instead, one JSON object per message")
 @click.pass_obj
 @guarded
-def archive_list(obj: Context, queue: str | None, routing_key: str | None, limit: int, as_json: bool) -> None:
-    """What is in the archive and why (messages stay in the archive)."""
+def archive_list(obj: Context, queue: str | None, routing_key: str | None, keys: tuple[str, ...],
+                 ids: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """What is in the archive and why (a read changes nothing in the archive)."""
     with obj.connection() as conn:
-        found = read(conn, obj.events.topology(), _selection(queue, routing_key), limit)
+        found = read(conn, obj.events.topology(), _selection(queue, routing_key, keys, ids), limit, bodies=as_json)
     for m in found:
         if as_json:
             click.echo(json.dumps(m.summary()))
         else:
-            click.echo(f"{m.id}  {m.archived_at}  queue={m.queue} key={m.routing_key} "
-                       f"attempts={m.attempts}  {m.reason}")
+            click.echo(f"{m.key}  {m.archived_at}  id={escape_controls(m.id)} queue={m.queue} "
+                       f"key={escape_controls(m.routing_key)} attempts={m.attempts}  {escape_controls(m.reason)}")
     if not as_json:
         click.echo(f"{len(found)} message(s) shown", err=True)
 
@@ -75,60 +90,65 @@ examples(archive_list,
 
 
 @archive.command("show")
-@click.argument("message_id")
+@click.argument("key")
 @json_option("archive-show", "its JSON object on stdout, as without --json")
 @click.pass_obj
 @guarded
-def archive_show(obj: Context, message_id: str, as_json: bool) -> None:
-    """Everything about one archived message, as JSON (it stays in the archive)."""
+def archive_show(obj: Context, key: str, as_json: bool) -> None:
+    """Everything about one archived copy, by archive key (or by message id when one copy has it), as JSON."""
     with obj.connection() as conn:
-        found = read(conn, obj.events.topology(), lambda m: m.id == message_id, 1)
+        topology = obj.events.topology()
+        found = read(conn, topology, lambda m: m.key == key, 1)
+        if not found:
+            by_id = read(conn, topology, lambda m: m.id == key, bodies=False)
+            if len(by_id) > 1:
+                raise KombuEventsError(f"{len(by_id)} archived copies have message id {key!r}: show one by its "
+                                       f"archive key ({', '.join(m.key for m in by_id[:10])})")
+            found = read(conn, topology, lambda m: m.key == by_id[0].key, 1) if by_id else []
     if not found:
-        raise KombuEventsError(f"no archived message with id {message_id!r}")
+        raise KombuEventsError(f"no archived copy with key or id {key!r}")
     emit_json(found[0].summary())
 
 
 examples(archive_show,
-         "kombu-events -A proj.events archive show 4fbcc4187f8e49a687d3721b2007dc15")
+         "kombu-events -A proj.events archive show 3f9c2a7b81d04e6a9b1c")
 
 
 @archive.command("replay")
 @_selecting
-@click.option("--id", "ids", multiple=True, metavar="ID",
-              help="Only the message with this id, as archive list shows it (repeat for several); an id that "
-                   "matches no archived message is reported, and the command exits 1.")
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most this many.")
 @click.option("--dry-run", is_flag=True, help="Show what would be replayed; change nothing.")
 @json_option("archive-replay")
 @click.pass_obj
 @guarded
-def archive_replay(obj: Context, queue: str | None, routing_key: str | None, ids: tuple[str, ...],
-                   limit: int | None, dry_run: bool, as_json: bool) -> None:
-    """Put archived messages back into their queue, attempt counter reset (in transactions: sent once, or kept)."""
-    match = _with_ids(_selection(queue, routing_key), ids)
+def archive_replay(obj: Context, queue: str | None, routing_key: str | None, keys: tuple[str, ...],
+                   ids: tuple[str, ...], limit: int | None, dry_run: bool, as_json: bool) -> None:
+    """Put archived copies back into their queue, attempt counter reset (each confirmed, then settled)."""
+    match = _selection(queue, routing_key, keys, ids)
     with obj.connection() as conn:
         if dry_run:
-            chosen = read(conn, obj.events.topology(), match, limit)
-            missing = _not_found(ids, chosen)
+            chosen = read(conn, obj.events.topology(), match, limit, bodies=False)
+            missing = _not_found(keys, ids, chosen)
             if as_json:
                 emit_json({"dry_run": True, "matched": len(chosen), "replayed": 0, "kept": 0,
                            "messages": [_entry(m, "would_replay") for m in chosen] + _not_found_entries(missing)})
             else:
                 for m in chosen:
-                    click.echo(f"would replay {m.id} to {m.queue} (key {m.routing_key})")
+                    click.echo(f"would replay {m.key} (id {escape_controls(m.id)}) to {m.queue} "
+                               f"(key {escape_controls(m.routing_key)})")
             _report_not_found(missing)
             return
         replayed, kept = replay(conn, obj.events.topology(), match, limit)
-    missing = _not_found(ids, replayed + [m for m, _ in kept])
+    missing = _not_found(keys, ids, replayed + [m for m, _ in kept])
     if as_json:
         emit_json({"dry_run": False, "matched": len(replayed) + len(kept), "replayed": len(replayed),
                    "kept": len(kept), "messages": [_entry(m, "replayed") for m in replayed]
                    + [_entry(m, "kept", why) for m, why in kept] + _not_found_entries(missing)})
     else:
         for m in replayed:
-            click.echo(f"replayed {m.id} to {m.queue}")
+            click.echo(f"replayed {m.key} (id {escape_controls(m.id)}) to {m.queue}")
     for m, why in kept:
-        click.echo(f"kept {m.id} in the archive: {why}", err=True)
+        click.echo(f"kept {m.key} (id {escape_controls(m.id)}) in the archive: {why}", err=True)
     if not as_json:
         click.echo(f"{len(replayed)} replayed, {len(kept)} kept"
                    + (f", {len(missing)} not found" if missing else ""), err=True)
@@ -137,78 +157,96 @@ def archive_replay(obj: Context, queue: str | None, routing_key: str | None, ids
         failed()
 
 
-def _with_ids(match: Callable[[ArchivedMessage], bool], ids: tuple[str, ...]) -> Callable[[ArchivedMessage], bool]:
-    """``match``, narrowed to the messages of ``ids`` when any are given."""
-    if not ids:
-        return match
-    wanted = set(ids)
-    return lambda m: m.id in wanted and match(m)
+def _not_found(keys: Iterable[str], ids: Iterable[str], found: Iterable[ArchivedMessage]) -> list[tuple[str, str]]:
+    """The archive ``keys`` and message ``ids`` asked for that none of ``found`` has: (what, value), in order."""
+    found = list(found)
+    seen_keys, seen_ids = {m.key for m in found}, {m.id for m in found}
+    return ([("key", k) for k in dict.fromkeys(keys) if k not in seen_keys]
+            + [("id", i) for i in dict.fromkeys(ids) if i not in seen_ids])
 
 
-def _not_found(ids: Iterable[str], found: Iterable[ArchivedMessage]) -> list[str]:
-    """The ``ids`` asked for that none of ``found`` has, in the order given, each once."""
-    seen = {m.id for m in found}
-    return [i for i in dict.fromkeys(ids) if i not in seen]
+def _not_found_entries(missing: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """``missing`` keys and ids in the JSON of ``replay``: outcome ``not_found``, nothing else known of them."""
+    return [{"key": value if what == "key" else "", "id": value if what == "id" else "", "queue": "",
+             "routing_key": "", "archived_at": "", "reason": "", "outcome": "not_found",
+             "why": f"no archived copy has this {'archive key' if what == 'key' else 'message id'} "
+                    "(replayed or purged since, or mistyped)"} for what, value in missing]
 
 
-def _not_found_entries(missing: list[str]) -> list[dict[str, Any]]:
-    """``missing`` ids in the JSON of ``replay``: outcome ``not_found``, nothing else known of them."""
-    return [{"id": i, "queue": "", "routing_key": "", "archived_at": "", "reason": "", "outcome": "not_found",
-             "why": "no archived message has this id (replayed or purged since, or mistyped)"} for i in missing]
-
-
-def _report_not_found(missing: list[str], *, exit_now: bool = True) -> None:
-    """One line on stderr per id that matched nothing (``repr``: a stray newline or space shows), then exit 1."""
-    for i in missing:
-        click.echo(f"not found: no archived message with id {i!r}", err=True)
+def _report_not_found(missing: list[tuple[str, str]], *, exit_now: bool = True) -> None:
+    """One line on stderr per key or id that matched nothing (``repr``: a stray newline or space shows), then
+    exit 1."""
+    for what, value in missing:
+        click.echo(f"not found: no archived copy with {'archive key' if what == 'key' else 'id'} {value!r}",
+                   err=True)
     if missing and exit_now:
         failed()
 
 
 examples(archive_replay,
          "kombu-events -A proj.events archive replay --queue billing.audit --dry-run   # what would go back",
-         "kombu-events -A proj.events archive replay --id 4fbcc4187f8e49a687d3721b2007dc15",
+         "kombu-events -A proj.events archive replay --key 3f9c2a7b81d04e6a9b1c",
          "kombu-events -A proj.events archive replay --queue billing.audit --limit 100")
 
 
 @archive.command("purge")
 @_selecting
-@click.option("--limit", type=click.IntRange(min=1), help="Delete at most this many (the oldest first).")
-@click.option("--dry-run", is_flag=True, help="Show what would be deleted; delete nothing (no --yes needed).")
-@click.option("--yes", is_flag=True, help="Really delete them.")
+@click.option("--limit", type=click.IntRange(min=1), help="Purge at most this many (the oldest first).")
+@click.option("--dry-run", is_flag=True, help="Show what would be purged; change nothing (no --yes needed).")
+@click.option("--yes", is_flag=True, help="Really purge them.")
+@click.option("--for-good", is_flag=True,
+              help="Then rewrite the archive stream without every purged copy, so that their bodies are gone "
+                   "from the broker (personal data); without it a purged copy is hidden at once and stays in the "
+                   "stream until retention removes it.")
 @json_option("archive-purge")
 @click.pass_obj
 @guarded
-def archive_purge(obj: Context, queue: str | None, routing_key: str | None, limit: int | None, dry_run: bool,
-                  yes: bool, as_json: bool) -> None:
-    """Delete archived messages for good (those selected; never one that is not)."""
+def archive_purge(obj: Context, queue: str | None, routing_key: str | None, keys: tuple[str, ...],
+                  ids: tuple[str, ...], limit: int | None, dry_run: bool, yes: bool, for_good: bool,
+                  as_json: bool) -> None:
+    """Purge archived copies: hidden from every read at once, in the stream until retention (or --for-good)."""
     if not (yes or dry_run):
-        raise click.UsageError("purge deletes archived messages for good: add --yes to confirm "
+        raise click.UsageError("purge removes archived messages from the archive: add --yes to confirm "
                                "(or --dry-run to see what would go)")
-    selective = queue is not None or routing_key is not None or limit is not None
+    match = _selection(queue, routing_key, keys, ids)
     with obj.connection() as conn:
         topology = obj.events.topology()
         if dry_run:
-            chosen = read(conn, topology, _selection(queue, routing_key), limit)
+            chosen = read(conn, topology, match, limit, bodies=False)
+            missing = _not_found(keys, ids, chosen)
             if as_json:
-                emit_json({"dry_run": True, "matched": len(chosen), "purged": 0,
+                emit_json({"dry_run": True, "matched": len(chosen), "purged": 0, "erased": 0,
                            "messages": [_entry(m, "would_purge") for m in chosen]})
-                return
-            for m in chosen:
-                click.echo(f"would purge {m.id} from {m.queue} (key {m.routing_key})")
-            click.echo(f"{len(chosen)} message(s) would be purged", err=True)
+            else:
+                for m in chosen:
+                    click.echo(f"would purge {m.key} (id {escape_controls(m.id)}) from {m.queue} "
+                               f"(key {escape_controls(m.routing_key)})")
+                click.echo(f"{len(chosen)} message(s) would be purged", err=True)
+            _report_not_found(missing)
             return
-        if selective:
-            removed = purge(conn, topology, _selection(queue, routing_key), limit)
-            count, messages = len(removed), [_entry(m, "purged") for m in removed]
-        else:  # everything: one queue.purge, no message read
-            count, messages = purge_all(conn, topology), None
+        removed = purge(conn, topology, match, limit)
+        erased = _rewrite(conn, topology) if for_good else 0
+    missing = _not_found(keys, ids, removed)
     if as_json:
-        emit_json({"dry_run": False, "matched": count, "purged": count, "messages": messages})
+        emit_json({"dry_run": False, "matched": len(removed), "purged": len(removed), "erased": erased,
+                   "messages": [_entry(m, "purged") for m in removed]})
     else:
-        click.echo(f"purged {count} message(s)")
+        for m in removed:
+            click.echo(f"purged {m.key} (id {escape_controls(m.id)}) from {m.queue}")
+        click.echo(f"purged {len(removed)} message(s)" + (
+            f"; the archive was rewritten without {erased} purged cop{'y' if erased == 1 else 'ies'}" if for_good
+            else "; they stay in the stream, hidden, until retention removes them (--for-good: now)"), err=True)
+    _report_not_found(missing)
+
+
+def _rewrite(conn: Any, topology: Any) -> int:
+    """Rewrite the archive without its purged copies; how many were removed for good."""
+    from ..ops.archive_rewrite import rewrite
+
+    return int(rewrite(conn, topology).get("erased", 0))
 
 
 examples(archive_purge,
          "kombu-events -A proj.events archive purge --queue billing.audit --yes",
+         "kombu-events -A proj.events archive purge --key 3f9c2a7b81d04e6a9b1c --yes --for-good   # personal data",
          "kombu-events -A proj.events archive purge --routing-key 'orders.#' --limit 10 --dry-run   # what would go")

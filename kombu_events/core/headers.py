@@ -196,6 +196,7 @@ def archive_headers(
     """Headers of an archived message: why, where from, after how many attempts, and the key of this copy
     (unique: replay and purge act on it)."""
     new = _kept(headers)
+    new.pop(SETTLEMENT, None)  # a publisher's own would make readers take the copy for a settlement record
     new.update({
         ARCHIVE_KEY: new_archive_key(),
         ATTEMPTS: attempt,
@@ -221,7 +222,7 @@ def replay_headers(headers: Mapping[str, Any] | None, *, archive_key: str | None
 
     The original routing key stays, so the handler still sees the event's own name.
     """
-    new = {k: v for k, v in _kept(headers).items() if k not in _FAILURE_HEADERS}
+    new = {k: v for k, v in _kept(headers).items() if k not in _FAILURE_HEADERS and k != SETTLEMENT}
     if archive_key is not None:
         new[REPLAY_OF] = archive_key
     return new

@@ -17,6 +17,7 @@ __all__ = ["PrometheusMetrics", "QueueStats", "handler_ran", "exception_type", "
 
 import itertools
 import logging
+import threading
 import time
 from bisect import bisect_left
 from functools import partial
@@ -25,10 +26,12 @@ from typing import Any, Mapping
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
 from .. import registry, signals
+from ..broker.connections import connected
 from ..broker.waits import BrokerSilent, answer_within
 from ..core import decision
 from ..errors import UnroutableError
 from ..middleware.base import Middleware
+from ..ops.archive import ArchiveCounter, LegacyArchiveError
 from ..ops.status import DepthTarget, depth_targets, read_depths
 from .metric_families import BUCKETS, CIRCUIT_STATES, UNHANDLED_REASONS, Families
 
@@ -98,6 +101,7 @@ class PrometheusMetrics(Middleware):
         self.queues: dict[str, QueueStats] = {}
         self.ladder_depths: dict[tuple[str, int], int] = {}
         self.archive_depths: dict[str, int] = {}
+        self._archive_watches: dict[str, threading.Thread] = {}
         #: (rows waiting, the oldest one's age in seconds or None) of each service's outbox, as its relay last read.
         self.outbox: dict[str, tuple[int, float | None]] = {}
         # Publishing happens in pool processes too: a real Counter, kept in files in multiprocess mode.
@@ -119,9 +123,39 @@ class PrometheusMetrics(Middleware):
             q.in_flight, q.since = 0, now  # what the old connection had in flight can no longer be acked
         events = _service(control.service, control.queues)
         if events is not None:
-            refresh = partial(self.refresh_depths, control, control.service, depth_targets(events.topology()))
+            targets = [t for t in depth_targets(events.topology()) if t.role != "archive"]
+            refresh = partial(self.refresh_depths, control, control.service, targets)
             control.call_after(0, refresh)
             control.call_every(REFRESH_S, refresh)
+            self._watch_archive(events)
+
+    def _watch_archive(self, events: Any) -> None:
+        """Count the service's archive every REFRESH_S in a thread of its own, on a connection of its own: the
+        archive is a stream, read (incrementally) rather than peeked, and never on the worker's event loop."""
+        service = str(events.service)
+        if service in self._archive_watches:
+            return
+        watch = threading.Thread(target=self._count_archive, args=(events, service), daemon=True,
+                                 name=f"kombu-events-archive-depth-{service}")
+        self._archive_watches[service] = watch
+        watch.start()
+
+    def _count_archive(self, events: Any, service: str) -> None:
+        counter = ArchiveCounter(events.topology())
+        while True:
+            try:
+                with connected(str(events.broker_url), getattr(events, "app", None)) as conn:
+                    while True:
+                        self.archive_depths[service] = counter.count(conn)
+                        time.sleep(REFRESH_S)
+            except LegacyArchiveError:
+                logger.warning("kombu-events: the archive of service %s is a queue of an earlier version: its depth "
+                               "is not exported until `kombu-events migrate --archive` moves it", service)
+                return
+            except Exception:  # the broker went away: count again on a new connection
+                logger.warning("kombu-events: counting the archive of service %s failed; trying again in %g s",
+                               service, REFRESH_S, exc_info=True)
+                time.sleep(REFRESH_S)
 
     def received(self, delivery: Any) -> None:
         """One more message in flight."""

@@ -20,7 +20,7 @@ good (docs/failures.md).
 from __future__ import annotations
 
 __all__ = ["ArchivedMessage", "ReplayProgress", "LegacyArchiveError", "ArchiveMissingError", "PREVIEW_BYTES",
-           "records", "view", "read", "browse", "replay", "purge", "purge_all", "settle", "message_key", "ORIGINAL_ID",
+           "records", "view", "read", "ArchiveCounter", "archived_count", "browse", "replay", "purge", "purge_all", "settle", "message_key", "ORIGINAL_ID",
            "KEY_PREFIX_UNSTAMPED"]
 
 import hashlib
@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 from amqp import Message
 from amqp.exceptions import NotFound
 
-from ..broker import streams
+from ..broker import stream_headers, streams
 from ..broker.confirms import Confirmer
 from ..broker.declare import close_quietly, peek_queue
 from ..core import archive_records as records_
@@ -111,10 +111,13 @@ def message_key(properties: Mapping[str, Any], body: bytes, headers: Mapping[str
 
 def _parse(offset: int, msg: Any, body_limit: int | None) -> ArchivedMessage | Settlement:
     body = bytes(msg.body)
-    h = {k: v for k, v in (msg.properties.get("application_headers") or {}).items() if not k.startswith("x-stream")}
-    settlement = records_.parse_settlement(h, body, offset)
-    if settlement is not None:
-        return settlement
+    stored = msg.properties.get("application_headers") or {}
+    if wire.SETTLEMENT in stored and not any(k in stored for k in (wire.ARCHIVE_KEY, wire.ARCHIVED_AT,
+                                                                    stream_headers.PACKED)):
+        settlement = records_.parse_settlement(stored, body, offset)
+        if settlement is not None:
+            return settlement
+    h = stream_headers.unpack({k: v for k, v in stored.items() if not k.startswith("x-stream")})
     key = h.get(wire.ARCHIVE_KEY)
     properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
     properties["application_headers"] = h
@@ -202,6 +205,52 @@ def _whole(connection: Any, topology: Topology, chosen: list[ArchivedMessage]) -
                 return
     for message in wanted.values():  # gone meanwhile (retention): its preview is all there is
         yield message
+
+
+class ArchiveCounter:
+    """How many copies the archive holds (pending: neither replayed nor purged), counted incrementally: each
+    :meth:`count` reads only the records appended since the last one, and forgets copies that retention removed
+    (those before the stream's first offset). Holds one key and offset per copy, no body."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.fold: Fold[int] = Fold()
+        self.next_offset = 0
+
+    def count(self, connection: Any) -> int:
+        """The copies archived now (see the class)."""
+        queue = self.topology.archive_exchange
+        first = _first_offset(connection, queue)
+        if first is not None and first > self.next_offset:
+            self.next_offset = first  # retention removed what was not read yet
+        start = self.next_offset
+        for record in records(connection, self.topology, start=start, body_limit=0):
+            self.next_offset = max(self.next_offset, record.offset + 1)
+            if record.offset < start:
+                continue  # read again from the start of a chunk
+            if isinstance(record, Settlement):
+                self.fold.settle(record)
+            else:
+                self.fold.add(record.key, record.offset)
+        if first is not None:
+            for key in [k for k, offset in self.fold.copies.items() if offset < first]:
+                del self.fold.copies[key]
+        return sum(1 for key in self.fold.copies if key not in self.fold.settled)
+
+
+def _first_offset(connection: Any, queue: str) -> int | None:
+    """The offset of the first record still in stream ``queue`` (None: empty)."""
+    try:
+        for offset, _ in streams.read(connection, queue, start="first", settle_s=0.0):
+            return offset
+    except (NotFound, streams.NotAStreamError):
+        return None  # records() says why, with the words for it
+    return None
+
+
+def archived_count(connection: Any, topology: Topology) -> int:
+    """Copies in the archive now (pending), read from the whole stream (body bytes not kept)."""
+    return ArchiveCounter(topology).count(connection)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple
 
 from ..broker.declare import peek_queues
+from .archive import LegacyArchiveError, archived_count
 from ..core import names
 from ..core.config import management_base_url
 from ..core.logs import safe_url
@@ -86,12 +87,26 @@ def gather(connection: Any, topology: Topology, management_url: str | None = Non
         if read is None:
             found.append(QueueStatus(name, role, None, None, None, exists=False))
             continue
+        if role == "archive":  # a stream: its copies are counted by reading it (a read changes nothing)
+            found.append(_archive_status(connection, topology, read))
+            continue
         api = _management(connection, name, management_url) if use_api else None
         use_api = api is not None
         unacked = api.get("messages_unacknowledged") if api else None
         found.append(QueueStatus(name, role, read.messages, unacked, read.consumers,
                                  state=queue_state(role, read.consumers)))
     return found
+
+
+def _archive_status(connection: Any, topology: Topology, read: Any) -> QueueStatus:
+    """The archive's copies still archived (neither replayed nor purged); an archive of an earlier version (a
+    queue, not a stream) is counted by its passive declare, as before."""
+    name = topology.archive_exchange
+    try:
+        pending = archived_count(connection, topology)
+    except LegacyArchiveError:
+        return QueueStatus(name, "archive", read.messages, None, read.consumers)
+    return QueueStatus(name, "archive", pending, 0, read.consumers)
 
 
 class DepthTarget(NamedTuple):

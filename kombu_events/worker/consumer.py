@@ -35,6 +35,7 @@ from celery.exceptions import WorkerShutdown
 from kombu import Consumer
 
 from ..broker import verify
+from ..broker.stream_headers import pack
 from ..broker.confirms import Confirmer
 from ..broker.declare import declare
 from ..broker.version import QUORUM_QUEUES, require
@@ -554,7 +555,8 @@ class ServiceConsumer:
                     self._execute(route, delivery, message, outcome, step.if_refused(why))
 
             try:
-                confirmer.publish(Message(delivery.body, **step.properties), step.exchange, step.routing_key,
+                properties = pack(step.properties) if step.action == "archive" else step.properties
+                confirmer.publish(Message(delivery.body, **properties), step.exchange, step.routing_key,
                                   on_ok, on_fail)
             except Exception as exc:  # not sent (connection lost, frame too large, unencodable header)
                 on_fail(f"publish raised {type(exc).__name__}: {exc}")

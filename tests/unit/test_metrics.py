@@ -48,7 +48,10 @@ def events():
 
 @pytest.fixture
 def metrics(events):
-    return PrometheusMetrics(CollectorRegistry())
+    metrics = PrometheusMetrics(CollectorRegistry())
+    metrics.watched = []
+    metrics._watch_archive = metrics.watched.append  # the archive is counted in a thread, on a connection: not here
+    return metrics
 
 
 LABELS = {"service": "billing", "queue": "billing.audit", "handler": "audit"}
@@ -195,13 +198,16 @@ def test_started_reads_depths_at_once_and_every_15_s_on_the_event_loop(metrics):
     assert connection.declared == [], "no broker round trip before the timer fires"
     control.timers[0][2]()
     assert connection.declared == ["billing.audit", "billing.delay.0", "billing.delay.1", "billing.delay.2",
-                                   "billing.delay.3", "billing.archive"]
+                                   "billing.delay.3"], "the archive is a stream: never peeked on the event loop"
+    assert [e.service for e in metrics.watched] == ["billing"], "it is counted by a watch of its own"
     assert len(connection.channels) == 3, "one channel, replaced after each missing queue (delay.1, delay.2)"
     assert all(c.closed for c in connection.channels), "each channel closed, a missing queue's one too"
     assert value(metrics, "kombu_events_queue_depth") == 4
     ladder = {lv: metrics.registry.get_sample_value("kombu_events_ladder_depth", {"service": "billing", "level": lv})
               for lv in "0123"}
     assert ladder == {"0": 1, "1": None, "2": None, "3": 9}
+    assert metrics.registry.get_sample_value("kombu_events_archive_depth", {"service": "billing"}) is None
+    metrics.archive_depths["billing"] = 12  # what the watch sets
     assert metrics.registry.get_sample_value("kombu_events_archive_depth", {"service": "billing"}) == 12
 
 

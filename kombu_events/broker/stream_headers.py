@@ -1,0 +1,41 @@
+"""Headers of a message written to a stream, kept exactly.
+
+A stream stores messages in AMQP 1.0's format, and RabbitMQ (3.10 and 4.0 alike) converts
+an AMQP 0-9-1 header table on the way: an array or a nested table is dropped, a decimal
+value closes the publisher's connection (INTERNAL_ERROR). So a message archived into
+the stream carries its whole header table serialized as AMQP 0-9-1 writes it, as one
+bytes value (:data:`PACKED`), beside the library's own headers as plain ones (for whoever
+looks at the stream with other tools); :func:`unpack` gives the table back as it was.
+"""
+from __future__ import annotations
+
+__all__ = ["PACKED", "pack", "unpack"]
+
+from typing import Any, Mapping
+
+from amqp.serialization import dumps, loads
+
+from ..core import headers as wire
+
+#: The whole header table of an archived copy, serialized as AMQP 0-9-1 does (a field table).
+PACKED = wire.PREFIX + "amqp-headers"
+_PLAIN = (str, int, float, bool, bytes, type(None))
+
+
+def pack(properties: Mapping[str, Any]) -> dict[str, Any]:
+    """``properties`` with the header table packed (see the module); the other properties as they are."""
+    new = dict(properties)
+    table = dict(new.get("application_headers") or {})
+    plain = {k: v for k, v in table.items() if k.startswith(wire.PREFIX) and isinstance(v, _PLAIN)}
+    plain[PACKED] = dumps("F", [table])
+    new["application_headers"] = plain
+    return new
+
+
+def unpack(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """The header table an archived copy was written with: the packed one when there is one, else ``headers``."""
+    packed = headers.get(PACKED)
+    if not isinstance(packed, (bytes, bytearray)):
+        return {k: v for k, v in headers.items() if k != PACKED}
+    table, _ = loads("F", bytes(packed), 0)
+    return dict(table[0])
