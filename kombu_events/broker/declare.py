@@ -74,6 +74,7 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
             counts["exchange_bindings"] += 1
         if opened:
             open_archive(topology, connection)
+        kept = [name for name in kept if topology.shared(name)]
         if kept:
             logger.info("kombu-events: %d queues shared by every service on exchange %s exist with another queue "
                         "type (another service declared them first): kept as they are", len(kept),
@@ -94,7 +95,13 @@ def tolerated(topology: Topology, queue: str) -> frozenset[str]:
     """
     if topology.shared(queue):
         return TYPE_ARGUMENTS
+    if topology.role(queue) == "archive":
+        return ARCHIVE_RETENTION
     return frozenset({"x-delivery-limit"})
+
+
+#: The archive stream's retention, fixed when it was made: a later setting is taken through a policy.
+ARCHIVE_RETENTION = frozenset({"x-max-age", "x-max-length-bytes", "x-stream-max-segment-size-bytes"})
 
 
 def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any, kept: list[str]) -> Any:
@@ -120,7 +127,7 @@ def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any
         again = Queue(queue.name, durable=queue.durable, auto_delete=queue.auto_delete, queue_arguments=rest)
         _guard("queue", queue.name, again.bind(channel).queue_declare)
     kept.append(queue.name)
-    _log_kept(topology, queue.name, differing)
+    _log_kept(topology, queue.name, differing, legacy=legacy)
     return channel
 
 
@@ -156,7 +163,12 @@ def _is_legacy_archive(connection: Any, name: str) -> bool:
     return False
 
 
-def _log_kept(topology: Topology, queue: str, argument: str) -> None:
+def _log_kept(topology: Topology, queue: str, argument: str, *, legacy: bool = False) -> None:
+    if topology.role(queue) == "archive" and not legacy:
+        logger.warning("kombu-events: the archive stream %s was made with another %s than the settings give: a "
+                       "stream keeps the retention it was made with, so it is kept as it is. `kombu-events archive "
+                       "rewrite` makes it again, with its records and the settings' retention", queue, argument)
+        return
     if topology.role(queue) == "archive":
         logger.warning("kombu-events: the archive %s is a queue of an earlier kombu-events version (it differs in "
                        "%s), not a stream: it is kept and still takes archived messages, but `archive list` and the "

@@ -79,7 +79,8 @@ class Fold(Generic[_Copy]):
     """Archived copies by key, in stream order, and the settlements read so far.
 
     ``add`` an archived copy (the first record of a key counts: a copy written twice, by a migration
-    or a rewrite, is one), ``settle`` a settlement; ``pending`` are the copies no settlement names.
+    or a rewrite, is one), ``settle`` a settlement; ``copies`` holds only the copies no settlement names
+    (a settled copy is dropped, its key kept in ``settled``), so a fold's memory follows what is pending.
     """
 
     def __init__(self) -> None:
@@ -88,8 +89,8 @@ class Fold(Generic[_Copy]):
         self.settlements = 0
 
     def add(self, key: str, copy: _Copy) -> bool:
-        """Keep ``copy`` under ``key`` unless a copy of that key was read before; whether it was kept."""
-        if key in self.copies:
+        """Keep ``copy`` under ``key`` unless a copy of that key was read or settled before; whether it was kept."""
+        if key in self.copies or key in self.settled:
             return False
         self.copies[key] = copy
         return True
@@ -98,12 +99,14 @@ class Fold(Generic[_Copy]):
         """Fold in ``settlement``: each key it names is settled (the first settlement of a key counts)."""
         self.settlements += 1
         for key in settlement.keys:
-            self.settled.setdefault(key, settlement)
+            if key not in self.settled:
+                self.settled[key] = settlement
+                self.copies.pop(key, None)
 
     def is_pending(self, key: str) -> bool:
         """Whether the copy ``key`` was read and no settlement names it."""
-        return key in self.copies and key not in self.settled
+        return key in self.copies
 
     def pending(self) -> list[_Copy]:
         """The copies still archived, in stream order."""
-        return [copy for key, copy in self.copies.items() if key not in self.settled]
+        return list(self.copies.values())

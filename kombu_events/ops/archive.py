@@ -166,8 +166,9 @@ def view(connection: Any, topology: Topology, *, body_limit: int | None = PREVIE
 def read(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] = lambda m: True,
          limit: int | None = None, *, bodies: bool = True) -> list[ArchivedMessage]:
     """The archived copies still archived that ``match`` (at most ``limit``, oldest first), with their whole
-    bodies (``bodies=False``: the first :data:`PREVIEW_BYTES`). ``match`` sees the preview. Changes nothing."""
-    chosen = _select(view(connection, topology), match, limit)
+    bodies (``bodies=False``: the first :data:`PREVIEW_BYTES`). ``match`` sees no body with ``bodies=True``
+    (the selection holds none), the preview without. Changes nothing."""
+    chosen = _select(view(connection, topology, body_limit=PREVIEW_BYTES if bodies is False else 0), match, limit)
     if not bodies or not chosen:
         return chosen
     return list(_whole(connection, topology, chosen))
@@ -232,10 +233,12 @@ class ArchiveCounter:
                 self.fold.settle(record)
             else:
                 self.fold.add(record.key, record.offset)
-        if first is not None:
+        if first is not None:  # retention removed them: forget them (settlements older than a copy are too)
             for key in [k for k, offset in self.fold.copies.items() if offset < first]:
                 del self.fold.copies[key]
-        return sum(1 for key in self.fold.copies if key not in self.fold.settled)
+            for key in [k for k, settlement in self.fold.settled.items() if settlement.offset < first]:
+                del self.fold.settled[key]
+        return len(self.fold.copies)
 
 
 def _first_offset(connection: Any, queue: str) -> int | None:
@@ -269,12 +272,13 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
            limit: int | None = None, *, to_queue: str | None = None, stamp: Mapping[str, Any] | None = None,
            edits: Mapping[str, bytes] | None = None, progress: ReplayProgress | None = None,
            by: str | None = None, window: int = _REPLAY_WINDOW, confirm_timeout_s: float = 30.0,
-           ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
+           match_body: int = 0) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
     """Replay the archived copies that ``match`` (at most ``limit``) to their queues; (replayed, [(kept, why)]).
 
     ``to_queue``: every copy to this handler queue instead; ``stamp``: headers added to every copy (the
     console's audit trail); ``edits``: archive key -> the body its copy carries instead, under a message id
-    derived from the key and that body, the original's id in the ``kombu-events-original-id`` header.
+    derived from the key and that body, the original's id in the ``kombu-events-original-id`` header;
+    ``match_body``: how many bytes of each body ``match`` sees (none by default: the selection holds no body).
 
     Each copy goes to its queue through the service's delivery exchange, mandatory, with publisher
     confirms; a window of copies confirmed is settled by one ``replayed`` record, itself confirmed, before
@@ -282,7 +286,7 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
     A lost connection raises (py-amqp's or the socket's error): what was confirmed and not settled is sent
     again by the next replay, under the same message id (see the module). Nothing leaves the archive.
     """
-    chosen = _select(view(connection, topology), match, limit)
+    chosen = _select(view(connection, topology, body_limit=match_body), match, limit)
     if progress is not None:
         chosen = [m for m in chosen if m.key not in progress.settled]
     replayed: list[ArchivedMessage] = []
@@ -395,14 +399,16 @@ class _Sender:
 
 
 def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
-          limit: int | None = None, *, by: str | None = None, note: str = "") -> list[ArchivedMessage]:
+          limit: int | None = None, *, by: str | None = None, note: str = "", match_body: int = 0,
+          ) -> list[ArchivedMessage]:
     """Settle the archived copies that ``match`` (the first ``limit``) as purged; return them.
 
     They are no longer listed by any reader; they stay in the stream until retention removes their segment
     (:func:`kombu_events.ops.archive_rewrite.rewrite` removes them for good). The records are confirmed
-    before this returns; each names its keys, who purged and when (the audit of the purge).
+    before this returns; each names its keys, who purged and when (the audit of the purge). ``match`` sees
+    the first ``match_body`` bytes of each body (none by default).
     """
-    chosen = _select(view(connection, topology), match, limit)
+    chosen = _select(view(connection, topology, body_limit=match_body), match, limit)
     settle(connection, topology, records_.PURGED, [m.key for m in chosen], by=by, note=note)
     return chosen
 
