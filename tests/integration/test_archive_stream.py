@@ -1,0 +1,269 @@
+"""The archive is a stream: a read changes nothing, every archived copy has a key of its own, and replay and
+purge act on exactly the keys asked for -- with real workers, on classic and quorum services, on whichever
+broker the suite runs against (3.10, then 4.0).
+
+The stream itself is read raw here (``broker.streams.read``: offsets, bodies, header tables), never through
+what is tested, to count what the archive holds before and after.
+"""
+from __future__ import annotations
+
+import decimal
+import importlib
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import amqp
+import pytest
+from kombu import Connection
+
+from kombu_events.broker import stream_headers, streams
+from kombu_events.core import archive_records, headers as wire
+from kombu_events.ops import archive
+from kombu_events.ops.status import gather
+
+from .harness import Project, publish_amqp, run_cli, unique, wait_for
+
+pytestmark = pytest.mark.integration
+
+APP = """
+events = Events(app, service=SERVICE, exchange=EXCHANGE, queue_type=QUEUE_TYPE, delay_unit_ms=100, delay_levels=4,
+                max_retries=0)
+
+@events.handler("orders.#", bind=True)
+def orders(event):
+    replay_of = event.headers.get("kombu-events-replay-of")
+    record(message_id=event.message_id, payload=event.payload, replay_of=replay_of,
+           headers={k: str(v) for k, v in event.headers.items()})
+    if event.payload.get("fail") and not replay_of:
+        raise RuntimeError("fails until replayed")
+"""
+
+
+@pytest.fixture(params=["classic", "quorum"])
+def project(request, make_project):
+    body = APP.replace("QUEUE_TYPE", repr(request.param))
+    if request.param == "quorum":  # Celery's own task queue too (the events step refuses a classic one then)
+        body = "app.conf.task_default_queue_type = 'quorum'\n" + body
+    return make_project(body)
+
+
+def raw(project: Project) -> list[tuple[int, bytes, dict[str, Any]]]:
+    """Every record of the archive stream: (offset, body, header table as stored)."""
+    with Connection(project.broker_url) as conn:
+        conn.connect()
+        return [(offset, bytes(m.body), dict(m.headers))
+                for offset, m in streams.read(conn.connection, f"{project.service}.archive")]
+
+
+def copies(project: Project) -> list[tuple[int, bytes, dict[str, Any]]]:
+    """The archived copies among the records (settlements and the opening record left out)."""
+    return [r for r in raw(project) if wire.SETTLEMENT not in r[2]]
+
+
+def topology(project: Project):
+    """The project's topology, its handlers' queues included (imported as a worker imports it)."""
+    sys.path.insert(0, str(project.dir))
+    try:
+        return importlib.import_module(project.module).events.topology()
+    finally:
+        sys.path.remove(str(project.dir))
+
+
+def send(project: Project, payload: dict, message_id: str | None = None, **headers: Any) -> str:
+    message_id = message_id or unique("m")
+    publish_amqp(project.broker_url, project.exchange, "orders.1", json.dumps(payload).encode(),
+                 message_id=message_id, content_type="application/json", application_headers=headers or None)
+    return message_id
+
+
+def cli(project: Project, *args: str, code: int = 0):
+    result = run_cli(project, *args)
+    assert result.returncode == code, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def test_a_hundred_reads_leave_every_archived_copy_in_place(project):
+    project.worker().wait_ready()
+    ids = [send(project, {"fail": True, "n": n}) for n in range(3)]
+    wait_for(lambda: len(copies(project)) == 3, what="3 archived copies")
+    before = raw(project)
+    topo = topology(project)
+    with Connection(project.broker_url) as conn:
+        for n in range(95):  # what list, show, dry runs, status and the console's first index read with
+            if n % 3 == 0:
+                found = archive.read(conn, topo)
+            elif n % 3 == 1:
+                found = archive.browse(conn, topo)
+            else:
+                found = archive.view(conn, topo).pending()
+            assert sorted(m.id for m in found) == sorted(ids)
+        assert [s.ready for s in gather(conn, topo) if s.role == "archive"] == [3]
+    for _ in range(4):
+        assert len(cli(project, "archive", "list", "--json").stdout.splitlines()) == 3
+    key = json.loads(cli(project, "archive", "list", "--json").stdout.splitlines()[0])["key"]
+    assert json.loads(cli(project, "archive", "show", key).stdout)["key"] == key
+    assert raw(project) == before, "offsets, bodies and headers of every record as they were"
+    assert project.records(replay_of=None) and len(project.records()) == 3, "nothing was delivered again"
+
+
+def test_copies_sharing_a_message_id_are_purged_and_replayed_one_by_one(project):
+    project.worker().wait_ready()
+    send(project, {"fail": True, "body": "alpha"}, message_id="dup")
+    send(project, {"fail": True, "body": "beta"}, message_id="dup")
+    wait_for(lambda: len(copies(project)) == 2, what="2 archived copies")
+    listed = [json.loads(line) for line in cli(project, "archive", "list", "--json").stdout.splitlines()]
+    keys = {json.loads(m["body"])["body"]: m["key"] for m in listed}
+    assert [m["id"] for m in listed] == ["dup", "dup"] and len(set(keys.values())) == 2
+
+    dry = json.loads(cli(project, "archive", "purge", "--key", keys["alpha"], "--dry-run", "--json").stdout)
+    assert [m["key"] for m in dry["messages"]] == [keys["alpha"]]
+    purged = json.loads(cli(project, "archive", "purge", "--key", keys["alpha"], "--yes", "--json").stdout)
+    assert purged["purged"] == 1 and purged["messages"][0]["key"] == keys["alpha"]
+    left = [json.loads(line) for line in cli(project, "archive", "list", "--json").stdout.splitlines()]
+    assert [m["key"] for m in left] == [keys["beta"]], "the other copy with the same id is still archived"
+
+    replayed = json.loads(cli(project, "archive", "replay", "--key", keys["beta"], "--json").stdout)
+    assert replayed["replayed"] == 1 and replayed["messages"][0]["key"] == keys["beta"]
+    wait_for(lambda: project.records(replay_of=keys["beta"]), what="the replayed copy handled")
+    time.sleep(0.3)
+    assert [r["payload"]["body"] for r in project.records() if r["replay_of"]] == ["beta"]
+    assert cli(project, "archive", "list", "--json").stdout == ""
+    assert len(copies(project)) == 2, "a purge and a replay remove nothing from the stream"
+    settlements = [archive_records.parse_settlement(h, body, o) for o, body, h in raw(project)
+                   if wire.SETTLEMENT in h]
+    assert [(s.action, s.keys) for s in settlements] == [("opened", ()), ("purged", (keys["alpha"],)),
+                                                         ("replayed", (keys["beta"],))]
+    assert all(s.by == "guest" for s in settlements[1:]), "who settled them: the purge's audit"
+
+
+def test_an_archived_copy_keeps_every_header_a_stream_would_drop(project):
+    project.worker().wait_ready()
+    send(project, {"fail": True}, message_id="h1", tags=["a", 1], meta={"k": "v", "n": 2},
+         amount=decimal.Decimal("1.25"))
+    wait_for(lambda: len(copies(project)) == 1, what="the archived copy")
+    shown = json.loads(cli(project, "archive", "show", "h1").stdout)
+    assert shown["headers"]["tags"] == ["a", 1] and shown["headers"]["meta"] == {"k": "v", "n": 2}
+    assert shown["headers"]["amount"] == "1.25"
+    stored = copies(project)[0][2]
+    assert stream_headers.PACKED in stored and "tags" not in stored, "the table travels packed"
+    cli(project, "archive", "replay", "--id", "h1")
+    handled = wait_for(lambda: project.records(replay_of=shown["key"]), what="the replayed copy")
+    assert handled[0]["headers"]["tags"] == "['a', 1]" and handled[0]["headers"]["amount"] == "1.25"
+
+
+def test_readers_a_replay_and_a_worker_archiving_at_once_lose_and_duplicate_nothing(project):
+    project.worker().wait_ready()
+    topo = topology(project)
+    sent: list[str] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def reading() -> None:
+        try:
+            with Connection(project.broker_url) as conn:
+                while not stop.is_set():
+                    archive.view(conn, topo)
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    def replaying() -> None:
+        try:
+            with Connection(project.broker_url) as conn:
+                while not stop.is_set():
+                    archive.replay(conn, topo, lambda m: True, 25)
+                    time.sleep(0.05)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reading), threading.Thread(target=reading), threading.Thread(target=replaying)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(200):
+            sent.append(send(project, {"fail": True, "n": n}))
+            if n % 20 == 0:
+                time.sleep(0.05)
+        wait_for(lambda: len(copies(project)) == len(sent), timeout=60, what="every event archived")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    with Connection(project.broker_url) as conn:
+        archive.replay(conn, topo, lambda m: True)  # whatever is left
+    wait_for(lambda: len(project.records(replay_of=None)) == len(sent)
+             and len([r for r in project.records() if r["replay_of"]]) >= len(sent), timeout=60,
+             what="every replayed copy handled")
+    time.sleep(0.5)
+    replayed = [r["message_id"] for r in project.records() if r["replay_of"]]
+    assert sorted(replayed) == sorted(sent), "each archived copy replayed exactly once"
+    assert len({r["replay_of"] for r in project.records() if r["replay_of"]}) == len(sent)
+    assert len(copies(project)) == len(sent), "every copy still in the stream, settled"
+    with Connection(project.broker_url) as conn:
+        assert archive.view(conn, topo).pending() == []
+
+
+def test_a_replay_run_again_before_its_settlement_sends_the_same_ids(project, monkeypatch):
+    project.declare()
+    topo = topology(project)
+    body = json.dumps({"fail": True}).encode()
+    headers = stream_headers.pack({"application_headers": wire.archive_headers(
+        {}, attempt=1, queue=f"{project.service}.orders", routing_key="orders.1", reason="r", exception="E",
+        traceback="")})["application_headers"]
+    publish_amqp(project.broker_url, f"{project.service}.archive", "", body, message_id="m-7",
+                 application_headers=headers)
+    wait_for(lambda: len(copies(project)) == 1, what="the archived copy")
+    key = headers[wire.ARCHIVE_KEY]
+
+    def crash(*args, **kwargs):
+        raise ConnectionResetError("the connection went away before the settlement")
+
+    with Connection(project.broker_url) as conn:
+        with monkeypatch.context() as patched:
+            patched.setattr(archive_records, "settlement_record", crash)
+            with pytest.raises(ConnectionResetError):
+                archive.replay(conn, topo, lambda m: True, edits={key: b'{"fixed": true}'})
+        assert [m.key for m in archive.view(conn, topo).pending()] == [key], "not settled: still listed"
+        replayed, kept = archive.replay(conn, topo, lambda m: True, edits={key: b'{"fixed": true}'})
+        assert [m.key for m in replayed] == [key] and kept == []
+    sent_twice = take(project, f"{project.service}.orders", 2)
+    assert len(sent_twice) == 2
+    assert sent_twice[0].properties["message_id"] == sent_twice[1].properties["message_id"] != "m-7"
+    assert {m.headers[wire.REPLAY_OF] for m in sent_twice} == {key}, "an inbox drops the second one"
+    assert {m.headers[archive.ORIGINAL_ID] for m in sent_twice} == {"m-7"}
+
+
+def take(project: Project, queue: str, count: int) -> list[Any]:
+    """Take ``count`` messages off a handler queue (no worker runs)."""
+    got: list[Any] = []
+    with Connection(project.broker_url) as conn:
+        channel = conn.channel()
+        deadline = time.monotonic() + 10
+        while len(got) < count and time.monotonic() < deadline:
+            message = channel.basic_get(queue, no_ack=True)
+            if message is None:
+                time.sleep(0.05)
+            else:
+                got.append(message)
+    return got
+
+
+def test_an_archive_of_an_earlier_version_is_refused_unread_and_kept(make_project):
+    project = make_project(APP.replace("QUEUE_TYPE", repr("classic")))
+    name = f"{project.service}.archive"
+    with Connection(project.broker_url) as conn:
+        channel = conn.channel()
+        channel.queue_declare(name, durable=True, auto_delete=False,
+                              arguments={"x-message-ttl": 604_800_000, "x-max-length": 100_000})
+        for n in range(3):
+            channel.basic_publish(amqp.Message(b"old %d" % n), exchange="", routing_key=name)
+        listed = cli(project, "archive", "list", code=1)
+        assert "migrate --archive" in listed.stderr and "earlier kombu-events version" in listed.stderr
+        project.declare()  # a worker of this version keeps it, with a warning
+        message = channel.basic_get(name, no_ack=True)
+        assert message.body == b"old 0" and not message.delivery_info["redelivered"], "never read"
+        assert channel.queue_declare(name, passive=True).message_count == 2
