@@ -114,8 +114,9 @@ def _published_to(topology: Topology) -> list[str]:
 def runtime_grant(topology: Topology, celery: CeleryEntities) -> Grant:
     """Workers with ``declare=False`` and publishers: configure on Celery's entities only; write on the exchanges
     they publish to (and the default exchange, for the schedules' state queues); read on the queues they consume
-    (handlers, schedules' tokens) and read (schedules' states)."""
-    consumed = [q.name for q in topology.queues if topology.role(q.name) in ("handler", "schedule", "state")]
+    (handlers, schedules' tokens) and read (schedules' states, the archive stream: the metrics count it)."""
+    consumed = [q.name for q in topology.queues
+                if topology.role(q.name) in ("handler", "schedule", "state", "archive")]
     written = _published_to(topology)
     if any(topology.role(q.name) == "state" for q in topology.queues):
         written.append("amq.default")  # a schedule's state is written through the default exchange
