@@ -250,3 +250,17 @@ examples(archive_purge,
          "kombu-events -A proj.events archive purge --queue billing.audit --yes",
          "kombu-events -A proj.events archive purge --key 3f9c2a7b81d04e6a9b1c --yes --for-good   # personal data",
          "kombu-events -A proj.events archive purge --routing-key 'orders.#' --limit 10 --dry-run   # what would go")
+
+
+@archive.command("rewrite")
+@click.pass_obj
+@guarded
+def archive_rewrite(obj: Context) -> None:
+    """Make the archive stream again: its records, the settings' retention, no purged copy (keys kept)."""
+    with obj.connection() as conn:
+        erased = _rewrite(conn, obj.events.topology())
+    click.echo(f"archive rewritten; {erased} purged cop{'y' if erased == 1 else 'ies'} removed for good")
+
+
+examples(archive_rewrite,
+         "kombu-events -A proj.events archive rewrite   # after changing archive_ttl_ms or archive_max_bytes")
