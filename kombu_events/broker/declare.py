@@ -19,6 +19,7 @@ from kombu import Exchange, Queue
 
 from ..core.archive_records import OPENED, settlement_record
 from .confirms import Confirmer
+from .streams import NotAStreamError, last_chunk_offset
 from ..core.topology import TYPE_ARGUMENTS, Topology
 from ..errors import TopologyConflictError
 
@@ -154,8 +155,6 @@ def open_archive(topology: Topology, connection: Any, *, timeout_s: float = 30.0
 def _is_legacy_archive(connection: Any, name: str) -> bool:
     """Whether the archive ``name`` is a queue of an earlier version (the broker refuses a stream offset on it:
     nothing in it moves)."""
-    from .streams import NotAStreamError, last_chunk_offset
-
     try:
         last_chunk_offset(connection, name, wait_s=0.0)
     except NotAStreamError:

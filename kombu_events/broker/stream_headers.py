@@ -18,7 +18,7 @@ from amqp.serialization import dumps, loads
 from ..core import headers as wire
 
 #: The whole header table of an archived copy, serialized as AMQP 0-9-1 does (a field table).
-PACKED = wire.PREFIX + "amqp-headers"
+PACKED = wire.PACKED_HEADERS
 _PLAIN = (str, int, float, bool, bytes, type(None))
 
 

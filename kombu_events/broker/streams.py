@@ -15,6 +15,7 @@ from __future__ import annotations
 __all__ = ["NotAStreamError", "StreamStalledError", "is_not_a_stream", "last_chunk_offset", "read", "follow",
            "offset_of"]
 
+import logging
 import socket
 import time
 from collections import deque
@@ -23,7 +24,8 @@ from typing import Any, Iterator
 from amqp.exceptions import PreconditionFailed
 
 from ..errors import KombuEventsError
-from .declare import close_quietly
+
+logger = logging.getLogger(__name__)
 
 OFFSET_HEADER = "x-stream-offset"
 #: Unacked stream messages the broker may send ahead (acks are only credit on a stream).
@@ -42,6 +44,14 @@ class NotAStreamError(KombuEventsError):
 
 class StreamStalledError(KombuEventsError):
     """The broker sent nothing for a long time before the end a read had found."""
+
+
+def close_quietly(channel: Any) -> None:
+    """Close ``channel``; a failure (the connection went away meanwhile) is logged at debug, never raised."""
+    try:
+        channel.close()
+    except Exception as exc:
+        logger.debug("kombu-events: closing a stream channel failed: %s", exc)
 
 
 def is_not_a_stream(exc: BaseException) -> bool:

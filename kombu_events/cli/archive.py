@@ -19,6 +19,7 @@ from ..core.logs import escape_controls
 from ..core.topic import matches
 from ..errors import KombuEventsError
 from ..ops.archive import ArchivedMessage, purge, read, replay
+from ..ops.archive_rewrite import rewrite
 from .common import Context, emit_json, examples, failed, guarded, json_option
 
 
@@ -241,9 +242,7 @@ def archive_purge(obj: Context, queue: str | None, routing_key: str | None, keys
 
 def _rewrite(conn: Any, topology: Any) -> int:
     """Rewrite the archive without its purged copies; how many were removed for good."""
-    from ..ops.archive_rewrite import rewrite
-
-    return int(rewrite(conn, topology).get("erased", 0))
+    return int(rewrite(conn, topology)["erased"])
 
 
 examples(archive_purge,
@@ -253,13 +252,19 @@ examples(archive_purge,
 
 
 @archive.command("rewrite")
+@json_option("archive-rewrite")
 @click.pass_obj
 @guarded
-def archive_rewrite(obj: Context) -> None:
+def archive_rewrite(obj: Context, as_json: bool) -> None:
     """Make the archive stream again: its records, the settings' retention, no purged copy (keys kept)."""
     with obj.connection() as conn:
-        erased = _rewrite(conn, obj.events.topology())
-    click.echo(f"archive rewritten; {erased} purged cop{'y' if erased == 1 else 'ies'} removed for good")
+        counts = rewrite(conn, obj.events.topology(), always=True)
+    if as_json:
+        emit_json(counts)
+        return
+    erased = counts["erased"]
+    click.echo(f"archive rewritten: {counts['records']} record(s) kept; {erased} purged "
+               f"cop{'y' if erased == 1 else 'ies'} removed for good")
 
 
 examples(archive_rewrite,

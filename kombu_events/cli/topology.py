@@ -1,6 +1,7 @@
 """The commands that shape the service's topology on the broker: ``declare`` prints it (``--dry-run``, as text
 or a Graphviz graph) or creates it, and ``migrate`` moves every queue of the service to quorum (or classic)
-queues through holding queues, without losing a message."""
+queues through holding queues, or an earlier version's archive into the archive stream, without losing a
+message."""
 from __future__ import annotations
 
 import dataclasses
@@ -89,23 +90,36 @@ def _arguments(entity: Any, attribute: str) -> dict[str, Any]:
 
 
 @click.command("migrate")
-@click.option("--to", "to", type=click.Choice(["quorum", "classic"]), required=True,
-              help="The queue type to move every queue of the service to.")
+@click.option("--to", "to", type=click.Choice(["quorum", "classic"]),
+              help="The queue type to move every queue of the service to (the archive stays a stream).")
+@click.option("--archive", is_flag=True,
+              help="Move the archive of an earlier version (a classic or quorum queue) into the archive stream, "
+                   "every message with it; workers may run meanwhile.")
 @click.option("--dry-run", is_flag=True, help="Print what each queue holds and every step; change nothing.")
 @json_option("migrate", note=", each step's progress on stderr")
 @click.pass_obj
 @guarded
-def migrate_queues(obj: Context, to: str, dry_run: bool, as_json: bool) -> None:
-    """Move the service's queues to quorum (or classic) queues without losing a message.
+def migrate_queues(obj: Context, to: str | None, archive: bool, dry_run: bool, as_json: bool) -> None:
+    """Move the service's queues to quorum (or classic) queues, or its archive of an earlier version to a
+    stream, without losing a message.
 
-    Stop the service's workers first: a queue with a consumer is refused. A run that
+    With --to, stop the service's workers first: a queue with a consumer is refused. A run that
     stopped anywhere is finished by running the command again.
     """
+    if archive == bool(to):
+        raise click.UsageError("give --to quorum|classic (the service's queues) or --archive (its archive)")
+    if archive:
+        if as_json:
+            raise click.UsageError("--archive prints text only (no JSON document yet)")
+        _migrate_archive(obj, dry_run)
+        return
+    assert to is not None
     events = obj.events
     topology = build_topology(dataclasses.replace(events.settings, queue_type=to), events.handlers,
                               events.schedules)
     # The exchange's delayed-publishing ladder is every service's: it keeps its type (docs/rabbitmq-versions.md).
-    queues = [q for q in topology.queues if not topology.shared(q.name)]
+    # The archive is a stream whatever the type: `migrate --archive` moves an earlier version's.
+    queues = [q for q in topology.queues if not topology.shared(q.name) and topology.role(q.name) != "archive"]
     say = (lambda line: None) if as_json else click.echo  # the JSON document holds the same
     total: int | None = None
     with obj.connection() as conn:
@@ -153,6 +167,40 @@ def _queue_entry(states: dict[str, migrate.QueueState], name: str) -> dict[str, 
             "holding_messages": holding.messages if holding.exists else None}
 
 
+def _migrate_archive(obj: Context, dry_run: bool) -> None:
+    """``migrate --archive``: the archive's state, the steps, and the counts of the move."""
+    topology = obj.events.topology()
+    name = topology.archive_exchange
+    with obj.connection() as conn:
+        state = migrate.observe_archive(conn, name)
+        steps = migrate.archive_steps(name, state)
+        if state.kind == "queue":
+            click.echo(f"{name}: a queue of an earlier kombu-events version, {state.messages} message(s), to move "
+                       "into a stream")
+        if state.holding.exists:
+            click.echo(f"{state.holding.name}: {state.holding.messages} message(s) from an unfinished run")
+        if not steps:
+            click.echo(f"the archive {name} is already a stream: nothing to do" if state.kind == "stream" else
+                       f"the archive {name} does not exist: `kombu-events declare` makes it a stream")
+            return
+        if dry_run:
+            click.echo(f"dry run: {len(steps)} step(s) would run:")
+            for step in steps:
+                click.echo(f"  {step.describe()}")
+            return
+        for exchange in topology.exchanges:  # the archive exchange, at least (idempotent)
+            exchange.bind(conn.default_channel).declare()
+        counts = migrate.move_archive(conn, topology, steps, report=click.echo)
+    click.echo(f"moved the archive {name} to a stream: {counts['verified']} of {counts['taken']} message(s) found "
+               f"in the stream ({counts['old_queue']} from the old archive queue, {counts['copied']} copied, "
+               f"{counts['duplicates']} already there and not copied again)")
+    if counts["verified"] != counts["taken"]:
+        raise click.ClickException(f"{counts['taken'] - counts['verified']} message(s) taken from the holding "
+                                   "queue are not in the stream: did its retention (archive_max_bytes) drop its "
+                                   "oldest segments? The copies were confirmed by the broker")
+
+
 examples(migrate_queues,
          "kombu-events -A proj.events migrate --to quorum --dry-run   # what each queue holds, every step",
-         "kombu-events -A proj.events migrate --to quorum             # workers stopped; then set queue_type")
+         "kombu-events -A proj.events migrate --to quorum             # workers stopped; then set queue_type",
+         "kombu-events -A proj.events migrate --archive               # an earlier version's archive to a stream")

@@ -10,7 +10,7 @@ never empty, so a reader always finds its end (docs/failures.md).
 from __future__ import annotations
 
 __all__ = ["Settlement", "ACTIONS", "OPENED", "REPLAYED", "PURGED", "settlement_record", "parse_settlement",
-           "MAX_KEYS_PER_RECORD", "Fold"]
+           "MAX_KEYS_PER_RECORD", "Fold", "is_settlement"]
 
 import json
 from dataclasses import dataclass, field
@@ -52,6 +52,13 @@ def settlement_record(action: str, keys: Iterable[str], *, by: str | None, note:
                        "detail": dict(detail or {})}, separators=(",", ":")).encode()
     return body, {"content_type": "application/json", "delivery_mode": 2,
                   "application_headers": {wire.SETTLEMENT: action}}
+
+
+def is_settlement(headers: Mapping[str, Any]) -> bool:
+    """Whether a record with these (stored) headers is a settlement: it says so, and carries nothing of an
+    archived copy (a publisher's own settlement header on a copy an earlier version archived settles nothing)."""
+    return wire.SETTLEMENT in headers and not any(
+        name in headers for name in (wire.ARCHIVE_KEY, wire.ARCHIVED_AT, wire.PACKED_HEADERS))
 
 
 def parse_settlement(headers: Mapping[str, Any], body: bytes, offset: int) -> Settlement | None:

@@ -11,7 +11,7 @@ __all__ = [
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
-    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "new_archive_key", "as_sent", "Undecoded",
+    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "PACKED_HEADERS", "new_archive_key", "as_sent", "Undecoded",
 ]
 
 import uuid
@@ -37,6 +37,7 @@ DROPPED_HEADERS = PREFIX + "dropped-headers"  # why an archived copy lost the pu
 ARCHIVE_KEY = PREFIX + "archive-key"  # unique per archived copy: what replay and purge act on
 REPLAY_OF = PREFIX + "replay-of"  # on a replayed copy: the archive key it was replayed from
 SETTLEMENT = PREFIX + "settlement"  # on an archive record that settles archived copies (replayed, purged)
+PACKED_HEADERS = PREFIX + "amqp-headers"  # an archived copy's whole header table, packed (a stream drops some)
 
 #: The basic properties a republished copy carries over (a decoder may add other keys).
 _PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",

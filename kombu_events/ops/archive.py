@@ -112,8 +112,7 @@ def message_key(properties: Mapping[str, Any], body: bytes, headers: Mapping[str
 def _parse(offset: int, msg: Any, body_limit: int | None) -> ArchivedMessage | Settlement:
     body = bytes(msg.body)
     stored = msg.properties.get("application_headers") or {}
-    if wire.SETTLEMENT in stored and not any(k in stored for k in (wire.ARCHIVE_KEY, wire.ARCHIVED_AT,
-                                                                    stream_headers.PACKED)):
+    if records_.is_settlement(stored):
         settlement = records_.parse_settlement(stored, body, offset)
         if settlement is not None:
             return settlement

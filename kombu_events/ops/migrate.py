@@ -17,12 +17,20 @@ broker holds, so a run that died anywhere is finished by running the command aga
 
 :func:`migration_steps` is pure: it turns the queues' states into the steps; :func:`observe`
 reads the states and :func:`execute` carries the steps out.
+
+``kombu-events migrate --archive`` moves an earlier version's archive (a classic or quorum
+queue) into the archive stream of the same name the same way, through ``<archive>.moving``,
+while workers keep archiving (:func:`archive_steps`, :func:`observe_archive`,
+:func:`move_archive`; docs/rabbitmq-versions.md): a copy the stream already holds (by archive
+key, or by content for a copy without one) is acked without being copied again.
 """
 from __future__ import annotations
 
-__all__ = ["QueueState", "Step", "migration_steps", "observe", "execute", "holding_name", "MigrationError"]
+__all__ = ["QueueState", "Step", "migration_steps", "observe", "execute", "holding_name", "MigrationError",
+           "ArchiveState", "archive_steps", "observe_archive", "move_archive", "archive_holding_name"]
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -30,10 +38,14 @@ from amqp import Message
 from amqp.exceptions import PreconditionFailed
 from kombu import Queue
 
+from ..broker import streams
 from ..broker.confirms import Confirmer
 from ..broker.declare import QueueCounts, close_quietly, peek_queues, queue_counts
-from ..core.headers import _PROPERTIES, DELIVERY_COUNT, as_sent
+from ..broker.stream_headers import pack
+from ..core.archive_records import OPENED, settlement_record
+from ..core.headers import _PROPERTIES, ARCHIVE_KEY, DELIVERY_COUNT, PACKED_HEADERS, as_sent, new_archive_key
 from ..errors import KombuEventsError
+from .archive_rewrite import SETTLE_S, Seen, StreamWriter, content_digest
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +78,7 @@ class QueueState:
 class Step:
     """One action on the broker: ``action`` on ``queue`` (``source`` for a move)."""
 
-    action: str  # declare-holding | bind | unbind | move | delete | declare
+    action: str  # declare-holding | bind | unbind | move | delete | declare | declare-stream | fill (the archive)
     queue: str
     source: str = ""
     messages: int = 0
@@ -81,6 +93,11 @@ class Step:
             return f"declare {self.queue} with the target type and arguments"
         if self.action == "delete":
             return f"delete {self.queue} once empty"
+        if self.action == "declare-stream":
+            return f"declare {self.queue} as a stream (the topology's arguments)"
+        if self.action == "fill":
+            return (f"copy {self.source} -> {self.queue}: {self.messages} message(s) (each keyed, confirmed, then "
+                    f"acked), bind {self.queue}, unbind {self.source}, copy what came meanwhile")
         return f"{self.action} {self.queue}"
 
 
@@ -203,10 +220,13 @@ def _bindings(channel: Any, name: str, queue: Queue, *, bind: bool) -> None:
             channel.queue_unbind(name, exchange=b.exchange.name, routing_key=b.routing_key)
 
 
-def _delete_when_empty(connection: Any, name: str, report: Callable[[str], Any]) -> int:
-    """Delete ``name`` if empty; messages that came in meanwhile go to its counterpart first."""
+def _delete_when_empty(connection: Any, name: str, report: Callable[[str], Any], target: str | None = None,
+                       copy: Copy | None = None) -> int:
+    """Delete ``name`` if empty; messages that came in meanwhile go to ``target`` (by default its
+    counterpart) first, through ``copy``."""
     moved = 0
-    target = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else holding_name(name)
+    if target is None:
+        target = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else holding_name(name)
     for _ in range(_DELETE_TRIES):
         channel = connection.channel()
         try:
@@ -221,36 +241,49 @@ def _delete_when_empty(connection: Any, name: str, report: Callable[[str], Any])
                 return moved
         finally:
             close_quietly(channel)
-        count = move(connection, name, target)
+        count = move(connection, name, target, copy=copy)
         moved += count
         report(f"  {count} more message(s) arrived in {name}: moved to {target}")
     raise MigrationError(f"queue {name} keeps receiving messages: is something publishing to it by name? "
                          "Run the command again once it stops (nothing was lost)")
 
 
-def move(connection: Any, source: str, target: str, batch: int = 200) -> int:
-    """Move every message now in ``source`` to ``target`` (default exchange, confirmed, then acked)."""
+#: What a move sends for a message taken from the source: (body, properties), or None to drop it (acked).
+Copy = Callable[[Any], "tuple[bytes, dict[str, Any]] | None"]
+
+
+def move(connection: Any, source: str, target: str, batch: int = 200, *, copy: Copy | None = None) -> int:
+    """Move every message now in ``source`` to ``target`` (default exchange, confirmed, then acked); how many.
+
+    ``copy`` makes each copy (default: the same body and properties, see :func:`copy_properties`).
+    """
     channel = connection.channel()
     channel.auto_decode = False  # bodies as they are
     confirmer = Confirmer(channel)
     userid = getattr(connection, "userid", None)
+    make = copy or (lambda message: (message.body, copy_properties(message.properties, userid)))
     failures: list[str] = []
     moved = 0
     try:
         while not failures:
-            taken = 0
-            while taken < batch:
+            got = taken = 0
+            while got < batch:
                 message = channel.basic_get(source, no_ack=False)
                 if message is None:
                     break
+                got += 1
+                made = make(message)
+                if made is None:
+                    channel.basic_ack(message.delivery_tag)
+                    continue
                 taken += 1
-                confirmer.publish(Message(message.body, **copy_properties(message.properties, userid)), "", target,
+                confirmer.publish(Message(made[0], **made[1]), "", target,
                                   on_ok=_acker(channel, message.delivery_tag), on_fail=failures.append)
             while confirmer.pending:
                 connection.drain_events(timeout=30)
-            if not taken:
-                break
             moved += taken - len(failures)
+            if not got:
+                break
     finally:
         close_quietly(channel)  # what was not acked goes back to ``source``
     if failures:
@@ -279,3 +312,176 @@ def copy_properties(properties: Mapping[str, Any], userid: str | None) -> dict[s
     new["application_headers"] = {key: as_sent(value) for key, value in headers.items()}
     return new
 
+
+
+# -- the archive: a queue of an earlier version into the stream of the same name ------------------------------
+
+#: The holding queue of an archive being moved to a stream.
+ARCHIVE_SUFFIX = ".moving"
+
+
+def archive_holding_name(archive: str) -> str:
+    """The classic queue that holds the archive's messages while the stream is made."""
+    return archive + ARCHIVE_SUFFIX
+
+
+@dataclass(frozen=True)
+class ArchiveState:
+    """The archive on the broker: ``kind`` is missing, queue (an earlier version's) or stream; its holding queue."""
+
+    kind: str
+    holding: QueueState
+    messages: int = 0
+    consumers: int = 0
+
+
+def archive_steps(archive: str, state: ArchiveState) -> list[Step]:
+    """The steps that move ``archive`` into a stream from ``state`` (pure; empty when there is nothing to do).
+
+    Raises MigrationError, before any step, when the old archive or the holding queue has consumers.
+    """
+    hold = state.holding
+    busy = [f"{name} ({n})" for name, n in ((archive, state.consumers), (hold.name, hold.consumers)) if n]
+    if busy:
+        raise MigrationError(f"consumers are attached to {', '.join(busy)}: stop whatever reads the archive "
+                             "(nothing was changed)")
+    steps: list[Step] = []
+    if state.kind == "queue":
+        if not hold.exists:
+            steps.append(Step("declare-holding", hold.name))
+        steps += [Step("bind", hold.name), Step("unbind", archive),
+                  Step("move", hold.name, source=archive, messages=state.messages), Step("delete", archive)]
+    elif not hold.exists:
+        return []  # a stream already, or no archive yet (declare makes it a stream)
+    if state.kind != "stream":
+        steps.append(Step("declare-stream", archive))
+    back = hold.messages + (state.messages if state.kind == "queue" else 0)
+    return steps + [Step("fill", archive, source=hold.name, messages=back), Step("delete", hold.name)]
+
+
+def observe_archive(connection: Any, archive: str) -> ArchiveState:
+    """The archive's and its holding queue's state (passive declares; a stream offset tells a stream)."""
+    counts = peek_queues(connection, [archive, archive_holding_name(archive)])
+    hold = _state(connection, archive_holding_name(archive), counts[archive_holding_name(archive)], None)
+    found = counts[archive]
+    if found is None:
+        return ArchiveState("missing", hold)
+    try:
+        streams.last_chunk_offset(connection, archive, wait_s=0.0)
+    except streams.NotAStreamError:
+        return ArchiveState("queue", hold, messages=found.messages, consumers=found.consumers)
+    return ArchiveState("stream", hold)
+
+
+class _IntoStream:
+    """Makes each copy a message of the holding queue becomes in the archive stream: its archive key stamped
+    when it has none, its header table packed as the worker packs it (a stream drops arrays and tables:
+    :mod:`kombu_events.broker.stream_headers`); a message the
+    stream already holds (a crash between a confirm and its ack, or the switch of bindings) is dropped."""
+
+    def __init__(self, seen: Any, userid: str | None) -> None:
+        self.seen, self.userid = seen, userid
+        self.taken: list[bytes] = []  # content digests of every message taken from the holding queue
+        self.copied = self.duplicates = 0
+
+    def __call__(self, message: Any) -> tuple[bytes, dict[str, Any]] | None:
+        headers = dict(message.properties.get("application_headers") or {})
+        body = bytes(message.body)
+        self.taken.append(content_digest(headers, message.properties, body))
+        if self.seen.has(headers, message.properties, body):
+            self.duplicates += 1
+            return None
+        headers.setdefault(ARCHIVE_KEY, new_archive_key())
+        if PACKED_HEADERS not in headers:  # archived by an earlier version: every header in the clear
+            headers = pack({"application_headers": headers})["application_headers"]
+        properties = copy_properties({**message.properties, "application_headers": headers}, self.userid)
+        self.seen.add(headers, properties, body)
+        self.copied += 1
+        return body, properties
+
+
+def move_archive(connection: Any, topology: Any, steps: Sequence[Step],
+                 report: Callable[[str], Any] = logger.info) -> dict[str, int]:
+    """Carry out :func:`archive_steps`; counts: ``old_queue`` (messages taken from the old archive),
+    ``taken`` (from the holding queue), ``copied``, ``duplicates`` (dropped: already in the stream) and
+    ``verified`` (of those taken, found in the stream by a read after the move)."""
+    archive = topology.archive_exchange
+    queue = next(q for q in topology.queues if q.name == archive)
+    into = _IntoStream(Seen(), getattr(connection, "userid", None))
+    counts = {"old_queue": 0}
+    for step in steps:
+        report(step.describe())
+        if step.action == "move":
+            counts["old_queue"] += move(connection, step.source, step.queue)
+            report(f"  moved {counts['old_queue']} message(s)")
+        elif step.action == "delete" and step.queue == archive:
+            counts["old_queue"] += _delete_when_empty(connection, archive, report,
+                                                      target=archive_holding_name(archive))
+        elif step.action == "delete":
+            _delete_when_empty(connection, step.queue, report, target=archive, copy=into)
+        elif step.action == "fill":
+            _fill(connection, topology, archive, step.source, into)
+            report(f"  copied {into.copied} message(s), {into.duplicates} already in the stream")
+        else:
+            channel = connection.channel()
+            try:
+                _archive_entity(channel, step, queue)
+            finally:
+                close_quietly(channel)
+    counts.update(taken=len(into.taken), copied=into.copied, duplicates=into.duplicates,
+                  verified=_verified(connection, archive, into.taken))
+    return counts
+
+
+def _archive_entity(channel: Any, step: Step, queue: Queue) -> None:
+    """A declare, bind or unbind step of the archive's move (one fanout binding, routing key "")."""
+    exchange = queue.name  # the archive exchange has the archive's name
+    if step.action == "declare-holding":
+        channel.queue_declare(step.queue, durable=True, auto_delete=False, arguments={"x-queue-type": "classic"})
+    elif step.action == "declare-stream":
+        queue.bind(channel).queue_declare()
+    elif step.action == "bind":
+        channel.queue_bind(step.queue, exchange=exchange, routing_key="")
+    else:
+        channel.queue_unbind(step.queue, exchange=exchange, routing_key="")
+
+
+def _fill(connection: Any, topology: Any, archive: str, holding: str, into: _IntoStream) -> None:
+    """Copy the holding queue into the stream, then give the stream the binding (see the module)."""
+    channel = connection.channel()
+    try:
+        channel.queue_bind(holding, exchange=archive, routing_key="")  # the holding queue alone takes new ones
+        channel.queue_unbind(archive, exchange=archive, routing_key="")
+        if streams.last_chunk_offset(connection, archive, wait_s=1.0) is None:
+            _write_opened(connection, archive)
+        into.seen.read(connection, archive)
+        move(connection, holding, archive, copy=into)
+        mark = streams.last_chunk_offset(connection, archive, wait_s=1.0)
+        channel.queue_bind(archive, exchange=archive, routing_key="")
+        channel.queue_unbind(holding, exchange=archive, routing_key="")
+        time.sleep(SETTLE_S)  # a message routed to both before the unbind is in the stream by then
+        into.seen.read(connection, archive, start="first" if mark is None else mark)
+        move(connection, holding, archive, copy=into)
+    finally:
+        close_quietly(channel)
+
+
+def _write_opened(connection: Any, archive: str) -> None:
+    """The stream's first record: an ``opened`` settlement (readers find the end of a stream from its last)."""
+    body, properties = settlement_record(OPENED, (), by=getattr(connection, "userid", None),
+                                         note="archive moved from a queue of an earlier version")
+    writer = StreamWriter(connection, archive)
+    try:
+        writer.put(body, properties)
+        writer.flush()
+    finally:
+        writer.close()
+
+
+def _verified(connection: Any, archive: str, taken: list[bytes]) -> int:
+    """How many of the ``taken`` messages (content digests) a read of the whole stream finds."""
+    if not taken:
+        return 0
+    found = Seen()
+    found.read(connection, archive)
+    return sum(1 for digest in taken if digest in found.digests)

@@ -39,6 +39,7 @@ SCHEMAS = {
     ("archive", "show"): ["archive-show"],
     ("archive", "replay"): ["archive-replay"],
     ("archive", "purge"): ["archive-purge"],
+    ("archive", "rewrite"): ["archive-rewrite"],
     ("publish",): ["publish"],
     ("backlog", "status"): ["backlog-status"],
     ("backlog", "flush"): ["backlog-flush"],

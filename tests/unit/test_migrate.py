@@ -81,3 +81,70 @@ def test_a_moved_copy_keeps_what_the_publisher_set_and_drops_what_the_broker_did
         "app_id": b"\xff", "application_headers": {"x-death": [{"count": 1}], "trace": "t"},
     }
     assert copy_properties({"user_id": "guest"}, userid="guest")["user_id"] == "guest"
+
+
+# -- migrate --archive: the steps for each state of the archive and its holding queue ---------------------------
+
+from kombu_events.broker.stream_headers import unpack  # noqa: E402
+from kombu_events.ops.archive_rewrite import Seen  # noqa: E402
+from kombu_events.ops.migrate import _IntoStream  # noqa: E402
+from kombu_events.ops.migrate import ArchiveState, archive_holding_name, archive_steps  # noqa: E402
+
+ARCHIVE = "billing.archive"
+MOVING = archive_holding_name(ARCHIVE)
+
+
+def archive_plan(kind: str, holding: int | None = None, messages: int = 0, consumers: int = 0):
+    hold = state(MOVING, exists=False) if holding is None else state(MOVING, messages=holding)
+    return [(s.action, s.queue) for s in archive_steps(ARCHIVE, ArchiveState(kind, hold, messages, consumers))]
+
+
+BACK = [("fill", ARCHIVE), ("delete", MOVING)]
+
+
+def test_an_archive_of_an_earlier_version_goes_through_the_holding_queue_into_the_stream():
+    assert MOVING == "billing.archive.moving"
+    assert archive_plan("queue", messages=5) == [
+        ("declare-holding", MOVING), ("bind", MOVING), ("unbind", ARCHIVE), ("move", MOVING), ("delete", ARCHIVE),
+        ("declare-stream", ARCHIVE), *BACK]
+
+
+@pytest.mark.parametrize("kind, holding, expected", [
+    ("queue", 3, [("bind", MOVING), ("unbind", ARCHIVE), ("move", MOVING), ("delete", ARCHIVE),
+                  ("declare-stream", ARCHIVE), *BACK]),
+    ("missing", 3, [("declare-stream", ARCHIVE), *BACK]),
+    ("stream", 3, BACK),
+    ("stream", None, []),
+    ("missing", None, []),
+], ids=["died-moving-out", "died-after-deleting", "died-filling", "done", "no-archive"])
+def test_a_run_that_died_anywhere_is_finished_from_what_the_broker_holds(kind, holding, expected):
+    assert archive_plan(kind, holding) == expected
+
+
+def test_a_reader_of_the_old_archive_refuses_the_move():
+    with pytest.raises(MigrationError, match=r"billing.archive \(1\)"):
+        archive_plan("queue", messages=2, consumers=1)
+
+
+def test_a_moved_copy_gets_a_key_and_its_header_table_packed_as_the_worker_packs_it():
+    class Old:
+        body = b"{}"
+        properties = {"message_id": "m", "application_headers": {
+            "kombu-events-archived-at": "t1", "x-death": [{"count": 1}], "t": {"k": "v"}}}
+
+    body, properties = _IntoStream(Seen(), userid=None)(Old())
+    stored = properties["application_headers"]
+    assert body == b"{}" and len(stored["kombu-events-archive-key"]) == 20
+    assert "x-death" not in stored and stored["kombu-events-archived-at"] == "t1"
+    assert unpack(stored) == {**Old.properties["application_headers"],
+                              "kombu-events-archive-key": stored["kombu-events-archive-key"]}
+
+
+def test_seen_knows_a_keyed_copy_by_its_key_and_an_unkeyed_one_by_its_content():
+    seen = Seen()
+    stamped = {"kombu-events-archive-key": "k1", "kombu-events-archived-at": "t1"}
+    seen.add(stamped, {"message_id": "m"}, b"body")
+    assert seen.has({"kombu-events-archived-at": "t1"}, {"message_id": "m"}, b"body"), "its original, unkeyed"
+    assert not seen.has({"kombu-events-archived-at": "t2"}, {"message_id": "m"}, b"body")
+    assert not seen.has({"kombu-events-archive-key": "k2", "kombu-events-archived-at": "t1"}, {"message_id": "m"},
+                        b"body"), "another key is another copy"
