@@ -13,7 +13,7 @@ moves: :class:`NotAStreamError`.
 from __future__ import annotations
 
 __all__ = ["NotAStreamError", "StreamStalledError", "is_not_a_stream", "last_chunk_offset", "read", "follow",
-           "offset_of"]
+           "offset_of", "body_of"]
 
 import logging
 import socket
@@ -57,6 +57,12 @@ def close_quietly(channel: Any) -> None:
 def is_not_a_stream(exc: BaseException) -> bool:
     """Whether ``exc`` is the broker refusing ``x-stream-offset`` on a queue that is not a stream."""
     return isinstance(exc, PreconditionFailed) and OFFSET_HEADER in str(getattr(exc, "reply_text", "") or exc)
+
+
+def body_of(message: Any) -> bytes:
+    """The body of a message read from a stream, as bytes (py-amqp gives an empty body as ``''``)."""
+    body = message.body
+    return bytes(body) if isinstance(body, (bytes, bytearray, memoryview)) else str(body or "").encode()
 
 
 def offset_of(message: Any) -> int:

@@ -40,6 +40,8 @@ class Settlement:
     #: Per key, what the action did with it (a replay: the queue its copy went to).
     detail: Mapping[str, str] = field(default_factory=dict)
     offset: int = -1
+    #: Bytes of the record's body.
+    size: int = 0
 
 
 def settlement_record(action: str, keys: Iterable[str], *, by: str | None, note: str = "",
@@ -74,9 +76,9 @@ def parse_settlement(headers: Mapping[str, Any], body: bytes, offset: int) -> Se
         keys = tuple(str(k) for k in data.get("keys", ()))
         return Settlement(str(data.get("action", action)), keys, str(data.get("by", "")), str(data.get("at", "")),
                           str(data.get("note", "")), {str(k): str(v) for k, v in dict(data.get("detail") or {}).items()},
-                          offset)
+                          offset, len(body))
     except (ValueError, TypeError, AttributeError):
-        return Settlement(str(action), (), "", "", "unreadable settlement record", {}, offset)
+        return Settlement(str(action), (), "", "", "unreadable settlement record", {}, offset, len(body))
 
 
 _Copy = TypeVar("_Copy")

@@ -81,7 +81,11 @@ class Counts(Protocol):
 
     @property
     def archive_depths(self) -> Mapping[str, int]:
-        """Messages in the archive, by service."""
+        """Copies in the archive (neither replayed nor purged), by service."""
+
+    @property
+    def archive_bytes(self) -> Mapping[str, int]:
+        """Bytes of every record the archive stream still holds, by service."""
 
     @property
     def outbox(self) -> Mapping[str, tuple[int, float | None]]:
@@ -96,7 +100,7 @@ class Families:
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without samples (for the registry's duplicate check)."""
-        return iter([*_empty(), *_outbox_families()])
+        return iter([*_empty(), *_outbox_families(), _archive_bytes_family()])
 
     def collect(self) -> Iterator[Metric]:
         """Every family, from a snapshot of the counts (the event loop may change them meanwhile)."""
@@ -123,8 +127,17 @@ class Families:
         for service, (depth, age) in sorted(self.metrics.outbox.items()):
             outbox_depth.add_metric([service], depth)
             outbox_age.add_metric([service], age or 0.0)
+        archive_bytes = _archive_bytes_family()
+        for service, size in sorted(self.metrics.archive_bytes.items()):
+            archive_bytes.add_metric([service], size)
         return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled,
-                     outbox_depth, outbox_age])
+                     outbox_depth, outbox_age, archive_bytes])
+
+
+def _archive_bytes_family() -> GaugeMetricFamily:
+    return GaugeMetricFamily("kombu_events_archive_bytes", "Bytes of every record the archive stream holds, replayed "
+                             "and purged copies too, bodies and headers: what retention by archive_max_bytes counts "
+                             "(read by the worker every 15 s).", labels=["service"])
 
 
 def _outbox_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
@@ -151,7 +164,8 @@ def _empty() -> tuple[Any, ...]:
                           labels=LABELS),
         GaugeMetricFamily("kombu_events_ladder_depth", "Messages waiting in a level of the delay ladder" + every_15_s,
                           labels=["service", "level"]),
-        GaugeMetricFamily("kombu_events_archive_depth", "Messages in the archive" + every_15_s, labels=["service"]),
+        GaugeMetricFamily("kombu_events_archive_depth", "Copies in the archive, neither replayed nor purged"
+                          + every_15_s, labels=["service"]),
         GaugeMetricFamily("kombu_events_circuit_state", "1 for the state a handler's circuit breaker is in.",
                           labels=[*LABELS, "state"]),
         CounterMetricFamily("kombu_events_unhandled", "Messages settled without running the handler, by reason: "

@@ -101,6 +101,7 @@ class PrometheusMetrics(Middleware):
         self.queues: dict[str, QueueStats] = {}
         self.ladder_depths: dict[tuple[str, int], int] = {}
         self.archive_depths: dict[str, int] = {}
+        self.archive_bytes: dict[str, int] = {}
         self._archive_watches: dict[str, threading.Thread] = {}
         #: (rows waiting, the oldest one's age in seconds or None) of each service's outbox, as its relay last read.
         self.outbox: dict[str, tuple[int, float | None]] = {}
@@ -147,6 +148,7 @@ class PrometheusMetrics(Middleware):
                 with connected(str(events.broker_url), getattr(events, "app", None)) as conn:
                     while True:
                         self.archive_depths[service] = counter.count(conn)
+                        self.archive_bytes[service] = counter.bytes
                         time.sleep(REFRESH_S)
             except LegacyArchiveError:
                 logger.warning("kombu-events: the archive of service %s is a queue of an earlier version: its depth "

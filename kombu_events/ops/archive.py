@@ -26,6 +26,7 @@ __all__ = ["ArchivedMessage", "ReplayProgress", "LegacyArchiveError", "ArchiveMi
 import hashlib
 import logging
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
@@ -82,6 +83,8 @@ class ArchivedMessage:
     properties: dict[str, Any]
     body: bytes
     size: int
+    #: Bytes of the header table as stored (packed, with the library's own in the clear).
+    stored_header_bytes: int = 0
 
     @property
     def truncated(self) -> bool:
@@ -110,7 +113,7 @@ def message_key(properties: Mapping[str, Any], body: bytes, headers: Mapping[str
 
 
 def _parse(offset: int, msg: Any, body_limit: int | None) -> ArchivedMessage | Settlement:
-    body = bytes(msg.body)
+    body = streams.body_of(msg)
     stored = msg.properties.get("application_headers") or {}
     if records_.is_settlement(stored):
         settlement = records_.parse_settlement(stored, body, offset)
@@ -126,7 +129,9 @@ def _parse(offset: int, msg: Any, body_limit: int | None) -> ArchivedMessage | S
         routing_key=str(h.get(wire.ROUTING_KEY, msg.delivery_info.get("routing_key", ""))),
         reason=str(h.get(wire.REASON, "")), attempts=h.get(wire.ATTEMPTS), archived_at=str(h.get(wire.ARCHIVED_AT, "")),
         exception=str(h.get(wire.EXCEPTION, "")), traceback=str(h.get(wire.TRACEBACK, "")),
-        headers=h, properties=properties, body=body if body_limit is None else body[:body_limit], size=len(body))
+        headers=h, properties=properties, body=body if body_limit is None else body[:body_limit], size=len(body),
+        stored_header_bytes=sum(len(str(k)) + len(v if isinstance(v, (str, bytes)) else str(v))
+                                for k, v in stored.items()))
 
 
 def records(connection: Any, topology: Topology, *, start: int | str = "first", body_limit: int | None = None,
@@ -210,12 +215,15 @@ def _whole(connection: Any, topology: Topology, chosen: list[ArchivedMessage]) -
 class ArchiveCounter:
     """How many copies the archive holds (pending: neither replayed nor purged), counted incrementally: each
     :meth:`count` reads only the records appended since the last one, and forgets copies that retention removed
-    (those before the stream's first offset). Holds one key and offset per copy, no body."""
+    (those before the stream's first offset). Holds one key and offset per copy, no body; ``bytes`` is the size
+    of every record still in the stream (bodies and headers as stored: about what retention by bytes counts)."""
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
         self.fold: Fold[int] = Fold()
         self.next_offset = 0
+        self.bytes = 0
+        self._sizes: deque[tuple[int, int]] = deque()  # (offset, bytes) of every record read, in order
 
     def count(self, connection: Any) -> int:
         """The copies archived now (see the class)."""
@@ -230,8 +238,14 @@ class ArchiveCounter:
                 continue  # read again from the start of a chunk
             if isinstance(record, Settlement):
                 self.fold.settle(record)
+                size = record.size
             else:
                 self.fold.add(record.key, record.offset)
+                size = record.size + record.stored_header_bytes
+            self._sizes.append((record.offset, size))
+            self.bytes += size
+        while self._sizes and first is not None and self._sizes[0][0] < first:
+            self.bytes -= self._sizes.popleft()[1]
         if first is not None:  # retention removed them: forget them (settlements older than a copy are too)
             for key in [k for k, offset in self.fold.copies.items() if offset < first]:
                 del self.fold.copies[key]

@@ -84,7 +84,7 @@ class Seen:
         """Remember every record of ``stream`` from ``start`` to its end; the last offset read (-1: none)."""
         last = -1
         for offset, message in streams.read(connection, stream, start=start):
-            self.add(_headers(message), message.properties, message.body)
+            self.add(_headers(message), message.properties, streams.body_of(message))
             last = offset
         return last
 
@@ -136,7 +136,7 @@ def _copy_stream(connection: Any, source: str, writer: StreamWriter, seen: Seen,
         last = offset
         headers = _headers(message)
         counts["read"] += 1
-        if seen.has(headers, message.properties, message.body):
+        if seen.has(headers, message.properties, streams.body_of(message)):
             counts["duplicates"] += 1
             continue
         kept = keep(offset, headers, message)
@@ -223,7 +223,7 @@ def _erasable(connection: Any, topology: Topology, erase_keys: set[str]) -> set[
 
 
 def _as_is(offset: int, headers: dict[str, Any], message: Any) -> tuple[bytes, dict[str, Any]]:
-    return bytes(message.body), _properties(message, headers)
+    return streams.body_of(message), _properties(message, headers)
 
 
 def _properties(message: Any, headers: dict[str, Any]) -> dict[str, Any]:
@@ -236,12 +236,12 @@ def _without(erase: set[str]) -> Keep:
     """What the copy out keeps: every record but the erased copies; settlements without their keys."""
     def keep(offset: int, headers: dict[str, Any], message: Any) -> tuple[bytes, dict[str, Any]] | None:
         if records_.is_settlement(headers):
-            return _settlement_without(bytes(message.body), _properties(message, headers), erase)
+            return _settlement_without(streams.body_of(message), _properties(message, headers), erase)
         key = str(headers.get(wire.ARCHIVE_KEY) or f"@{offset}")  # the key readers know it by, for good
         if key in erase:
             return None
         headers = {**headers, wire.ARCHIVE_KEY: key}
-        return bytes(message.body), _properties(message, headers)
+        return streams.body_of(message), _properties(message, headers)
     return keep
 
 

@@ -226,8 +226,18 @@ class _Build:
         if handler.contract is not None:
             at_once.insert(0, f"a payload that does not fit {handler.contract.name}")
         at_once += [f"raise {qualified(kind)}" for kind in handler.dont_retry]
-        return {"exchange": exchange, "queue": queue.name, "maxLength": arguments.get("x-max-length"),
-                "messageTtlMs": arguments.get("x-message-ttl"), "archivedAtOnce": at_once}
+        max_age = str(arguments.get("x-max-age") or "")
+        return {"exchange": exchange, "queue": queue.name, "type": "stream",
+                "maxAgeMs": int(max_age[:-1]) * 1000 if max_age.endswith("s") else None,
+                "maxBytes": arguments.get("x-max-length-bytes"), "archivedAtOnce": at_once}
+
+
+def _size(n: int) -> str:
+    """``n`` bytes as a reader says it: 1 GiB, 512 MiB, 1000 bytes."""
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} bytes"
 
 
 def _handling(handler: Handler, keys: list[str], retry: dict[str, Any], archive: dict[str, Any],
@@ -255,10 +265,10 @@ def _handling(handler: Handler, keys: list[str], retry: dict[str, Any], archive:
                     f"holds each retry in the service's delay ladder, then brings it back to this queue only.")
     else:
         text.append("A failure is not retried (max_retries=0).")
-    limits = [f"at most {archive['maxLength']} messages" if archive["maxLength"] else "",
-              f"each kept {_duration(archive['messageTtlMs'])}" if archive["messageTtlMs"] else ""]
+    limits = [f"each kept {_duration(archive['maxAgeMs'])}" if archive["maxAgeMs"] else "",
+              f"at most {_size(archive['maxBytes'])} in all" if archive["maxBytes"] else ""]
     kept = " and ".join(x for x in limits if x)
-    text.append(f"After the last attempt it goes to the archive, queue `{archive['queue']}`"
+    text.append(f"After the last attempt it goes to the archive, stream `{archive['queue']}`"
                 + (f" ({kept})" if kept else "") + ", where `kombu-events archive` lists and replays it. "
                 "Archived at once, without a retry: " + "; ".join(archive["archivedAtOnce"]) + ".")
     return "\n\n".join(text)

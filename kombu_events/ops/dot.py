@@ -9,6 +9,7 @@ from ..core.topology import Topology
 
 #: Queue arguments worth showing inside a queue's ellipse (the dead-letter ones become edges).
 _SHOWN = {"x-message-ttl": "ttl {} ms", "x-max-length": "max-length {}", "x-queue-type": "{} queue",
+          "x-max-age": "max-age {}", "x-max-length-bytes": "max-length-bytes {}",
           "x-expires": "expires {} ms", "x-single-active-consumer": "single active consumer"}
 
 

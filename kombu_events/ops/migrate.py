@@ -386,7 +386,7 @@ class _IntoStream:
 
     def __call__(self, message: Any) -> tuple[bytes, dict[str, Any]] | None:
         headers = dict(message.properties.get("application_headers") or {})
-        body = bytes(message.body)
+        body = streams.body_of(message)
         self.taken.append(content_digest(headers, message.properties, body))
         if self.seen.has(headers, message.properties, body):
             self.duplicates += 1

@@ -8,7 +8,7 @@ that takes it. A queue nobody consumes that has an ``x-message-ttl`` and an
 ``x-dead-letter-exchange`` holds the message for the TTL (one TTL per queue, so it
 expires in order), then the broker publishes it again to that exchange, with the
 queue's ``x-dead-letter-routing-key`` if it has one, else the key it had. It ends in a
-consumed queue, in a queue that keeps it (the archive), or nowhere: RabbitMQ then
+consumed queue, in a queue that keeps it (the archive, a stream), or nowhere: RabbitMQ then
 drops it without telling anyone, which :attr:`Routed.lost` makes visible. No I/O.
 """
 from __future__ import annotations
@@ -114,6 +114,10 @@ class BrokerModel:
             bindings.append((key, destination, is_queue))
 
     # -- routing -------------------------------------------------------------------------------
+
+    def is_stream(self, name: str) -> bool:
+        """Whether the queue ``name`` is a stream (the archive): it keeps every message, read by offset."""
+        return self._queues.get(name, {}).get("x-queue-type") == "stream"
 
     def has_exchange(self, name: str) -> bool:
         """Whether ``name`` is declared (the default exchange ``""`` always is)."""

@@ -1,10 +1,11 @@
 """What the test stub records (published messages, settled deliveries, what waits), and what it re-raises."""
 from __future__ import annotations
 
-__all__ = ["SentMessage", "Settled", "Pending", "fails_fast"]
+__all__ = ["SentMessage", "Settled", "Pending", "ArchivedCopy", "fails_fast"]
 
 from typing import Any, Callable, Mapping, NamedTuple
 
+from ..core import headers as wire
 from ..core.codec import JSON, decode
 from ..core.decision import Outcome
 from ..core.handlers import Handler
@@ -76,6 +77,42 @@ class Pending(NamedTuple):
     routing_key: str  #: the event's own routing key
     body: bytes
     properties: Mapping[str, Any]
+
+
+class ArchivedCopy(NamedTuple):
+    """A copy in a service's archive stream, under its archive key (what replay and purge act on)."""
+
+    key: str
+    offset: int  #: its place in the archive stream
+    routing_key: str  #: the event's own routing key
+    body: bytes
+    properties: Mapping[str, Any]  #: as archived (``kombu-events-reason``, ... in its headers)
+    at: float  #: the virtual time it was archived, in seconds
+
+    @property
+    def headers(self) -> Mapping[str, Any]:
+        """The archived copy's application headers."""
+        return self.properties.get("application_headers") or {}
+
+    @property
+    def queue(self) -> str:
+        """The handler queue it was archived from."""
+        return str(self.headers.get(wire.QUEUE, ""))
+
+    @property
+    def reason(self) -> str:
+        """Why it was archived."""
+        return str(self.headers.get(wire.REASON, ""))
+
+    @property
+    def message_id(self) -> Any:
+        """The publisher's ``message_id`` property (not unique: the archive key is)."""
+        return self.properties.get("message_id")
+
+    @property
+    def payload(self) -> Any:
+        """The body decoded as JSON (DecodeError if it is not)."""
+        return _payload(self.body, self.properties)
 
 
 def fails_fast(exc: BaseException, handler: Handler) -> bool:

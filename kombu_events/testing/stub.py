@@ -7,7 +7,10 @@ that comes due in a handler queue is read into a :class:`~kombu_events.Delivery`
 screened and announced as the worker's consumer does (:mod:`kombu_events.worker.screening`),
 run by the runner the pool runs, and settled by the planner's step, carried out in
 memory: a retry's copy waits out the ladder on the virtual clock
-(:meth:`StubEvents.advance`), an archived copy is recorded. A republish no queue takes
+(:meth:`StubEvents.advance`), an archived copy is appended to the service's archive
+stream under its archive key, where :meth:`StubEvents.archive` lists what is still
+archived and :meth:`~StubEvents.replay` and :meth:`~StubEvents.purge` settle copies by
+appending records, as ``kombu-events archive`` does. A republish no queue takes
 is returned, and its fallback taken, as in the worker; a copy the ladder would drop on
 the way stops the stub. Nothing sleeps.
 """
@@ -26,7 +29,8 @@ from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from .. import registry, signals
-from ..core import decision
+from ..core import archive_records, decision
+from ..core import headers as wire
 from ..core.codec import JSON
 from ..core.contracts import outgoing
 from ..core.delivery import Delivery, read_delivery
@@ -40,7 +44,7 @@ from ..publishing.publisher import Publisher, build_message
 from ..worker import runner
 from ..worker.screening import announce, screen
 from .broker_model import Routed
-from .records import Pending, SentMessage, Settled, fails_fast
+from .records import ArchivedCopy, Pending, SentMessage, Settled, fails_fast
 from .stub_broker import LostCopy, QueuedCopy, StubBroker
 
 logger = logging.getLogger(__name__)
@@ -130,6 +134,58 @@ class StubEvents:
     def pending(self) -> list[Pending]:
         """Messages waiting in handler queues, the next due first."""
         return self._broker.pending
+
+    # -- the archive --------------------------------------------------------------------------------
+
+    def archive(self, events: Events | None = None) -> list[ArchivedCopy]:
+        """The copies still in the archive of ``events`` (default: the stub's, or the app's one service), oldest
+        first: neither replayed nor purged."""
+        return self._broker.archive(self._topology(self._service(events)).archive_exchange).pending()
+
+    def replay(self, match: Callable[[ArchivedCopy], bool] = lambda copy: True, *, events: Events | None = None,
+               to_queue: str | None = None, by: str | None = None) -> list[ArchivedCopy]:
+        """Send the archived copies that ``match`` back to their handler queues (``to_queue``: all to that one) with
+        a fresh attempt count and the archive key in ``kombu-events-replay-of``, and settle them as replayed; the
+        copies replayed. A copy whose queue is not the service's, or that the broker returns, stays archived.
+        Handlers run on ``join()``."""
+        service = self._service(events)
+        topology = self._topology(service)
+        handler_queues = {q.name for q in topology.handler_queues}
+        replayed: list[ArchivedCopy] = []
+        for archived in [c for c in self.archive(service) if match(c)]:
+            queue = to_queue or archived.queue
+            if queue not in handler_queues:
+                continue
+            address = topology.address(queue, 0)
+            routed, why = self._broker.republish(address.exchange, address.routing_key)
+            if routed is None or why is not None:
+                continue
+            headers = wire.replay_headers(archived.headers, archive_key=archived.key)
+            properties = wire.republish_properties(archived.properties, headers, userid=self.userid)
+            self._broker.land(routed, archived.routing_key, archived.body, properties)
+            replayed.append(archived)
+        self._broker.settle(topology.archive_exchange, archive_records.REPLAYED, [c.key for c in replayed],
+                            by=by or self.userid, detail={c.key: to_queue or c.queue for c in replayed})
+        return replayed
+
+    def purge(self, match: Callable[[ArchivedCopy], bool] = lambda copy: True, *, events: Events | None = None,
+              by: str | None = None, note: str = "") -> list[ArchivedCopy]:
+        """Settle the archived copies that ``match`` as purged (no longer listed; the stream keeps them); them."""
+        service = self._service(events)
+        purged = [c for c in self.archive(service) if match(c)]
+        self._broker.settle(self._topology(service).archive_exchange, archive_records.PURGED,
+                            [c.key for c in purged], by=by or self.userid, note=note)
+        return purged
+
+    def _service(self, events: Events | None) -> Events:
+        if events is not None:
+            return events
+        if self._events is not None:
+            return self._events
+        services = registry.services_of(self.app)
+        if len(services) != 1:
+            raise ConfigurationError(f"the app has {len(services)} services: pass events=")
+        return services[0]
 
     def calls(self, handler: Callable[..., Any]) -> list[Any]:
         """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True.

@@ -5,7 +5,10 @@ routing key through the app's own topology (:mod:`kombu_events.testing.broker_mo
 bindings, the delay ladder's TTLs and dead-lettering), so it lands where RabbitMQ would
 put it. A copy that lands in a handler queue waits there until it is due (a copy that
 waits out the ladder comes due later on the virtual clock); a copy that lands in
-another queue (the archive, an exchange's unrouted queue) stays there. A mandatory
+another queue (an exchange's unrouted queue) stays there, and one that lands in a
+stream (a service's archive) is appended to it, under its archive key, with the
+settlement records that replay and purge append, folded in as every reader of the
+archive folds them (:class:`~kombu_events.core.archive_records.Fold`). A mandatory
 republish no queue takes is returned, one to a missing exchange refused, as RabbitMQ
 would answer the worker; a copy the ladder would drop on its way is recorded in
 :attr:`StubBroker.lost`. Nothing sleeps. The worker side, which takes the due copies
@@ -22,11 +25,13 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .. import registry
 from ..broker.confirms import RETURNED
-from ..core import names
+from ..core import archive_records, names
+from ..core import headers as wire
+from ..core.archive_records import Fold, Settlement
 from ..core.topology import Topology
 from ..errors import KombuEventsError, PublishError, UnroutableError
 from .broker_model import BrokerModel, Lost, Routed
-from .records import Pending, SentMessage
+from .records import ArchivedCopy, Pending, SentMessage
 
 
 class QueuedCopy(NamedTuple):
@@ -67,6 +72,8 @@ class StubBroker:
         self.published: list[SentMessage] = []
         #: Every copy the topology would drop on its way (see :meth:`check_lost`).
         self.lost: list[LostCopy] = []
+        #: Each stream's records (archived copies, settlements), by queue; a record's offset is its index.
+        self.streams: dict[str, list[ArchivedCopy | Settlement]] = {}
 
     @property
     def now(self) -> float:
@@ -133,14 +140,47 @@ class StubBroker:
     def land(self, routed: Routed, event_key: str, body: bytes, properties: Mapping[str, Any]) -> tuple[str, ...]:
         """Queue a copy for each handler queue ``routed`` lands in (due after the TTLs it waits out); keep what is
         lost. What lands in another queue (the archive, the exchange's unrouted queue) stays there."""
-        consumed = self.model().consumed
+        model = self.model()
+        consumed = model.consumed
         landed = tuple(landing for landing in routed.landings if landing.queue in consumed)
+        for landing in routed.landings:
+            if landing.queue not in consumed and model.is_stream(landing.queue):
+                self._append(landing.queue, event_key, body, properties)
         for landing in landed:
             self._push(self.now_ms + landing.after_ms, landing.routing_key,
                        Pending(0.0, landing.queue, event_key, body, copy.deepcopy(dict(properties))))
         self.lost += [LostCopy(self.now + lost.after_ms / 1000, lost, event_key, properties.get("message_id"))
                       for lost in routed.lost]
         return tuple(landing.queue for landing in landed)
+
+    def _append(self, queue: str, event_key: str, body: bytes, properties: Mapping[str, Any]) -> None:
+        records = self.streams.setdefault(queue, [])
+        kept = copy.deepcopy(dict(properties))
+        headers = kept.get("application_headers") or {}
+        key = str(headers.get(wire.ARCHIVE_KEY) or f"@{len(records)}")  # as a reader keys a copy without one
+        records.append(ArchivedCopy(key, len(records), str(headers.get(wire.ROUTING_KEY, event_key)), body, kept,
+                                    self.now))
+
+    def archive(self, queue: str) -> Fold[ArchivedCopy]:
+        """The stream ``queue`` folded as a reader folds it: ``pending()`` are the copies no record settled."""
+        fold: Fold[ArchivedCopy] = Fold()
+        for record in self.streams.get(queue, ()):
+            if isinstance(record, Settlement):
+                fold.settle(record)
+            else:
+                fold.add(record.key, record)
+        return fold
+
+    def settle(self, queue: str, action: str, keys: list[str], *, by: str | None, note: str = "",
+               detail: Mapping[str, str] | None = None) -> None:
+        """Append a settlement record for ``keys`` to the stream ``queue``, in the wire format a worker writes."""
+        if not keys:  # as ops.archive.settle: a record naming no copy settles nothing
+            return
+        records = self.streams.setdefault(queue, [])
+        body, properties = archive_records.settlement_record(action, keys, by=by, note=note, detail=detail)
+        settlement = archive_records.parse_settlement(properties["application_headers"], body, len(records))
+        assert settlement is not None
+        records.append(settlement)
 
     def _push(self, due_ms: float, delivered_with: str, message: Pending) -> None:
         queued = QueuedCopy(due_ms, next(self._seq), delivered_with, message._replace(due=due_ms / 1000))

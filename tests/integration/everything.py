@@ -34,7 +34,7 @@ from kombu_events import Backlog
 from .everything_accounting import Ledger, Report, account, dead_lettered_at_a_stop
 from .everything_app import BACKLOG_FILE, DOWN_FLAG, HANDLERS, LATER_DELAY_S
 from .everything_faults import DEPENDENCY_DOWN, FAULTS, Faults, children, faults_for
-from .harness import ROOT, Worker, node_message, node_publish, unique, wait_for
+from .harness import ROOT, Worker, archived_copies, node_message, node_publish, unique, wait_for
 from .private_broker import PrivateBroker, free_port
 from .silent_proxy import SilentProxy
 
@@ -315,11 +315,16 @@ class Scenario(Faults):
     def _locate(self, ids: set[str]) -> dict[str, str]:
         """Which queue of the vhost holds each of ``ids`` (taken out), or "nowhere in the broker"."""
         found = dict.fromkeys(sorted(ids), "nowhere in the broker")
-        out = self.broker.ctl(1, "list_queues", "-p", self.vhost, "--no-table-headers", "name", "messages")
+        out = self.broker.ctl(1, "list_queues", "-p", self.vhost, "--no-table-headers", "name", "type", "messages")
         with Connection(self.direct_url) as conn:
             channel = conn.channel()
             for line in out.splitlines():
-                queue, count = line.rsplit("\t", 1)
+                queue, kind, count = line.rsplit("\t", 2)
+                if "stream" in kind:  # the archive: a basic_get would close the connection; read, not taken
+                    for message in archived_copies(self.direct_url, queue) or ():
+                        if message.properties.get("message_id") in found:
+                            found[message.properties["message_id"]] = queue
+                    continue
                 try:
                     for _ in range(int(count)):
                         message = channel.basic_get(queue, no_ack=True)
@@ -333,19 +338,15 @@ class Scenario(Faults):
         return found
 
     def _archived(self, wanted: set[str], timeout: float) -> list[str]:
-        """Message ids taken out of the service's archive (until ``wanted`` are all there, or ``timeout``)."""
-        found: list[str] = []
+        """Message ids of the copies in the service's archive (until ``wanted`` are all there, or ``timeout``); the
+        archive is a stream: read, never changed, each copy once."""
         deadline = time.monotonic() + timeout
-        with Connection(self.direct_url) as conn:
-            channel = conn.channel()
-            while True:
-                message = channel.basic_get(f"{self.service}.archive", no_ack=True)
-                if message is not None:
-                    found.append(message.properties.get("message_id"))
-                    continue
-                if wanted <= set(found) or time.monotonic() > deadline:
-                    return found
-                time.sleep(0.5)
+        while True:
+            copies = archived_copies(self.direct_url, f"{self.service}.archive") or ()
+            found = [m.properties.get("message_id") for m in copies]
+            if wanted <= set(found) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.5)
 
     def _settled(self, timeout: float) -> dict[str, tuple[int, int]]:
         """Handler queues holding something (ready, unacked) after ``timeout``; {} once all are empty."""

@@ -1,4 +1,9 @@
-"""Integration harness: unique services, real `celery worker` subprocesses, broker inspection."""
+"""Integration harness: unique services, real `celery worker` subprocesses, broker inspection.
+
+A service's archive (``<service>.archive``) is a RabbitMQ stream: the helpers that read a
+queue read it by offset, never changing it, and count and return its *pending* archived
+copies (those no replay or purge settled), as ``archive list`` does.
+"""
 from __future__ import annotations
 
 import base64
@@ -14,11 +19,15 @@ import urllib.request
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
+from amqp.exceptions import NotFound
 from kombu import Connection
 
+from kombu_events.core.config import Settings
+from kombu_events.core.topology import build_topology
+from kombu_events.ops import archive
 from ..brokers import MANAGEMENT_URL, PORT, RABBITMQCTL, rabbitmqctl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,22 +216,55 @@ class Worker:
 
 
 def queue_depth(broker_url: str, queue: str) -> tuple[int, int]:
-    """(ready messages, consumers) of ``queue``; unacknowledged messages are not counted."""
+    """(ready messages, consumers) of ``queue``; unacknowledged messages are not counted. Of a stream (the
+    archive): its pending archived copies."""
     with Connection(broker_url) as conn:
         _name, messages, consumers = conn.default_channel.queue_declare(queue, passive=True)
+        if _is_archive(queue):
+            copies = archived_copies(broker_url, queue)
+            if copies is not None:
+                return len(copies), consumers
         return messages, consumers
 
 
-def queue_counts(broker_url: str) -> dict[str, tuple[int, int, int]]:
-    """{queue: (ready, unacknowledged, consumers)} for every queue: exact, but ~0.4 s (rabbitmqctl)."""
+def queue_counts(broker_url: str) -> Mapping[str, tuple[int, int, int]]:
+    """{queue: (ready, unacknowledged, consumers)} for every queue: exact, but ~0.4 s (rabbitmqctl). A stream
+    counts its pending archived copies as ready (read when asked for) and nothing unacknowledged."""
     out = subprocess.run([*RABBITMQCTL, "-q", "list_queues", "-p", _vhost(broker_url), "--no-table-headers",
-                          "name", "messages_ready", "messages_unacknowledged", "consumers"],
+                          "name", "type", "messages_ready", "messages_unacknowledged", "consumers"],
                          capture_output=True, text=True, check=True).stdout
     counts = {}
+    stream_queues = set()
     for line in out.splitlines():
-        name, ready, unacked, consumers = line.rsplit("\t", 3)
+        name, kind, ready, unacked, consumers = line.rsplit("\t", 4)
         counts[name] = (int(ready), int(unacked), int(consumers))
-    return counts
+        if kind == "stream" or kind.endswith("stream_queue"):
+            stream_queues.add(name)
+    return _Counts(broker_url, counts, stream_queues)
+
+
+class _Counts(Mapping[str, tuple[int, int, int]]):
+    """queue_counts' answer: a stream's entry is read when asked for (a vhost holds other tests' archives)."""
+
+    def __init__(self, broker_url: str, counts: dict[str, tuple[int, int, int]], stream_queues: set[str]) -> None:
+        self.broker_url, self.counts, self.stream_queues = broker_url, counts, stream_queues
+
+    def __getitem__(self, name: str) -> tuple[int, int, int]:
+        found = self.counts[name]
+        if name in self.stream_queues and _is_archive(name):
+            self.stream_queues.discard(name)
+            try:
+                copies = archived_copies(self.broker_url, name)
+            except NotFound:  # another test's, deleted meanwhile
+                return found
+            found = self.counts[name] = (len(copies or ()), 0, found[2])
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.counts)
+
+    def __len__(self) -> int:
+        return len(self.counts)
 
 
 def consumer_prefetch(broker_url: str) -> dict[str, list[int]]:
@@ -238,8 +280,45 @@ def consumer_prefetch(broker_url: str) -> dict[str, list[int]]:
     return found
 
 
+def _is_archive(queue: str) -> bool:
+    return queue.endswith(".archive")
+
+
+def _archive_topology(queue: str) -> Any:
+    """The topology of the service whose archive is ``queue`` (no handler: the archive is all it names)."""
+    topology = build_topology(Settings(service=queue[:-len(".archive")]), ())
+    if topology.archive_exchange != queue:
+        raise ValueError(f"{queue!r} is no service's archive")
+    return topology
+
+
+def archived_copies(broker_url: str, queue: str) -> list[Any] | None:
+    """The pending archived copies of the archive stream ``queue``, oldest first, as ``archive list`` reads them
+    (:func:`kombu_events.ops.archive.view`: ``.body`` whole, ``.headers`` as archived, ``.properties``, ``.key``),
+    the stream left as it was. None when ``queue`` is no stream (an earlier version's archive)."""
+    topology = _archive_topology(queue)
+    with Connection(broker_url) as conn:
+        try:
+            return archive.view(conn, topology, body_limit=None).pending()
+        except archive.LegacyArchiveError:
+            return None
+        except archive.ArchiveMissingError as exc:
+            raise NotFound(str(exc)) from exc
+
+
+def purge_archive(broker_url: str, queue: str) -> int:
+    """Settle every copy of the archive stream ``queue`` as purged, as ``archive purge`` does; how many."""
+    with Connection(broker_url) as conn:
+        return archive.purge_all(conn, _archive_topology(queue), by="tests")
+
+
 def get_messages(broker_url: str, queue: str) -> list[Any]:
-    """Take every ready message out of ``queue`` (``.body`` as bytes, ``.headers``, ``.properties``)."""
+    """Take every ready message out of ``queue`` (``.body`` as bytes, ``.headers``, ``.properties``). The archive
+    (a stream) is only read: its pending copies (:func:`archived_copies`), left as they are."""
+    if _is_archive(queue):
+        copies = archived_copies(broker_url, queue)
+        if copies is not None:
+            return copies
     messages = []
     with Connection(broker_url) as conn:
         channel = conn.channel()
@@ -322,7 +401,12 @@ def publish_amqp(broker_url: str, exchange: str, routing_key: str, body: bytes, 
 
 
 def peek_messages(broker_url: str, queue: str) -> list[Any]:
-    """Every ready message of ``queue``, left in the queue (got unacked, back when the channel closes)."""
+    """Every ready message of ``queue``, left in the queue (got unacked, back when the channel closes); of the
+    archive (a stream), its pending copies (:func:`archived_copies`)."""
+    if _is_archive(queue):
+        copies = archived_copies(broker_url, queue)
+        if copies is not None:
+            return copies
     messages = []
     with Connection(broker_url) as conn:
         channel = conn.channel()

@@ -267,3 +267,20 @@ def test_an_archive_of_an_earlier_version_is_refused_unread_and_kept(make_projec
         message = channel.basic_get(name, no_ack=True)
         assert message.body == b"old 0" and not message.delivery_info["redelivered"], "never read"
         assert channel.queue_declare(name, passive=True).message_count == 2
+
+
+def test_the_counter_reads_only_what_was_appended_and_counts_copies_and_bytes(project):
+    project.worker().wait_ready()
+    topo = topology(project)
+    counter = archive.ArchiveCounter(topo)
+    with Connection(project.broker_url) as conn:
+        assert counter.count(conn) == 0 and counter.bytes > 0, "the opening record"
+        opened = counter.bytes
+        send(project, {"fail": True, "pad": "x" * 5000})
+        wait_for(lambda: len(copies(project)) == 1, what="the archived copy")
+        assert counter.count(conn) == 1 and counter.bytes > opened + 5000
+        read_to = counter.next_offset
+        archive.purge(conn, topo, lambda m: True)
+        assert counter.count(conn) == 0, "a purged copy is not counted"
+        assert counter.next_offset == read_to + 1, "only the settlement record was read"
+        assert counter.bytes > opened + 5000, "its bytes stay in the stream until retention"

@@ -110,6 +110,7 @@ def test_200_async_handlers_awaiting_half_a_second_prefork_c2_all_handled_once(m
     (archived,) = get_messages(broker_url, f"{project.service}.archive")
     assert archived.properties["message_id"] == "f-poison"
     mine = {n: c[:2] for n, c in queue_counts(broker_url).items() if n.startswith(project.service + ".")}
+    assert mine.pop(f"{project.service}.archive") == (1, 0), "the archive (a stream, read) keeps its one copy"
     assert all(c == (0, 0) for c in mine.values()), f"left in the broker: {mine}"
 
 

@@ -181,7 +181,7 @@ def test_the_pages_service_charges_every_order_once(reader, database):
     wait_for(lambda: "event 'order-9-placed' was handled before (inbox)" in reader.log.read_text(), 30,
              what="the late duplicate acked from the inbox")
     gone = reader.run("kombu-events -A orders archive replay --id order-9-placed", code=1)
-    assert "not found: no archived message with id 'order-9-placed'" in gone.stderr
+    assert "not found: no archived copy with id 'order-9-placed'" in gone.stderr
 
     shown = reader.run("psql -h 127.0.0.1 -U postgres orders -c \"SELECT order_id").stdout
     assert re.findall(r"^\s*(\d+)\s*\|\s*(\d+)\s*$", shown, flags=re.MULTILINE) == [("7", "1"), ("8", "1"), ("9", "1")]

@@ -16,7 +16,7 @@ from kombu import Connection
 from kombu_events.publishing.publisher import Publisher, build_message
 
 from ..brokers import rabbitmqctl
-from .harness import Project, unique, wait_for
+from .harness import Project, archived_copies, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -69,15 +69,8 @@ def publish_undecodable(broker_url, exchange, ids):
 
 
 def drain_archive(broker_url, service):
-    """Message ids in the service's archive (the queue is emptied)."""
-    ids = []
-    with Connection(broker_url) as conn:
-        channel = conn.channel()
-        while True:
-            message = channel.basic_get(f"{service}.archive", no_ack=True)
-            if message is None:
-                return ids
-            ids.append(message.properties.get("message_id"))
+    """Message ids of the copies in the service's archive (a stream: read, never changed)."""
+    return [m.properties.get("message_id") for m in archived_copies(broker_url, f"{service}.archive")]
 
 
 def handled_ids(project):

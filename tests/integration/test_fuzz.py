@@ -567,24 +567,21 @@ def check_worker(worker: Worker, context: str) -> None:
         raise AssertionError(f"{context}: the worker is {status}; its log says:\n{said}")
 
 
-def service_counts(project: Project) -> dict[str, tuple[int, int, int]]:
-    return {name: counts for name, counts in queue_counts(project.broker_url).items()
-            if name.startswith(project.service + ".")}
-
-
 def busy_queues(project: Project) -> dict[str, tuple[int, int, int]]:
-    """Queues of the service other than the archive holding a message, ready or unacked.
-
-    Nothing but this test reads the archive (leaving what it reads unacked for a moment).
-    """
+    """Queues of the service other than the archive holding a message, ready or unacked (the archive, a stream,
+    is not read here: drain_archive reads it, with the total decoder)."""
     archive = f"{project.service}.archive"
-    return {name: c for name, c in service_counts(project).items() if name != archive and c[0] + c[1]}
+    counts = queue_counts(project.broker_url)
+    mine = [name for name in counts if name.startswith(project.service + ".") and name != archive]
+    return {name: counts[name] for name in mine if counts[name][0] + counts[name][1]}
 
 
 def drain_archive(project: Project, archived: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """Move what the archive holds into ``archived`` (by message id); bodies stay bytes."""
+    """What the archive holds now, in ``archived`` (by message id; each copy once: the archive is a stream, read,
+    never changed); bodies stay bytes."""
     with total_property_decoder():
         messages = get_messages(project.broker_url, f"{project.service}.archive")
+    archived.clear()
     for message in messages:
         archived.setdefault(message.properties.get("message_id"), []).append(message)
     return archived

@@ -417,6 +417,7 @@ def scenario(outputs: Outputs, canary: Canary, make, tmp_path: Path) -> None:
     check_cli_many(outputs, project, [(*a, "migrate", "--to", "quorum", "--dry-run"),
                                       (*a, "migrate", "--to", "quorum", "--dry-run", "--json")])
     check_cli(outputs, project, *a, "archive", "purge", "--yes", "--json")
+    check_cli(outputs, project, *a, "archive", "rewrite")  # the purged copies gone for good (worker stopped)
     outputs.check_file("Sentry: every envelope it would send (events, frame locals, breadcrumbs)",
                        project.dir / "sentry.out")
     outputs.check_file("OpenTelemetry: every span exported, whole", project.dir / "spans.out")

@@ -173,8 +173,9 @@ def test_a_classic_service_on_a_vhost_whose_default_type_is_quorum_gets_classic_
         # asks for unless told its queues are quorum (docs/rabbitmq-versions.md).
         project = make(tmp_path, url, unique("ex"), "classic", "p", quorum_tasks=True)
         project.declare()
-        for name in ("take", "delay.0", "archive"):
+        for name in ("take", "delay.0"):
             assert queue_type(url, f"{project.service}.{name}") == "classic", name
+        assert queue_type(url, f"{project.service}.archive") == "stream"  # the archive: a stream, whatever type
         project.worker().wait_ready()
         publish(project, range(6))
         wait_for(lambda: handled(project) == list(range(6)), timeout=30, what="6 events, once each")

@@ -183,10 +183,11 @@ def test_archive_replay_by_another_user_never_sends_a_user_id_the_broker_would_r
         operator = with_credentials(project.broker_url, user, password)
         result = run_cli(project, "--broker", operator, "archive", "replay")
         assert result.returncode == 0, result.stdout + result.stderr
-        assert f"replayed {message_id}" in result.stdout
+        assert f"replayed {message.key} (id {message_id})" in result.stdout
         # replayed as the operator, handled again, and archived again by the worker (as its own user, guest)
         wait_for(lambda: len(handled(project, message_id)) == 2, what="the replayed message handled")
         [again] = archived(project)
         assert again.properties["message_id"] == message_id and again.properties["user_id"] == "guest"
+        assert again.key != message.key and again.headers["kombu-events-replay-of"] == message.key
     finally:
         rabbitmqctl("delete_user", user, check=False)

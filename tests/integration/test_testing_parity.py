@@ -7,6 +7,7 @@ copy's headers), wherever the message was settled; the archive is compared messa
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -145,10 +146,12 @@ def test_the_stub_decides_as_a_real_worker_on_the_real_broker(make_project):
 
     # The archive: the same messages, with the same failure headers.
     def archived(message_id: str, body: bytes, headers: dict) -> tuple:
-        return message_id, body, {k: str(headers.get(k)) for k in COMPARED}
+        keyed = bool(re.fullmatch(r"[0-9a-f]{20}", str(headers.get(wire.ARCHIVE_KEY))))  # each copy its own
+        return message_id, body, keyed, {k: str(headers.get(k)) for k in COMPARED}
 
     real = sorted(archived(m.properties["message_id"], bytes(m.body), m.headers) for m in archive)
     kit = sorted(archived(message_id, bytes.fromhex(body), headers) for message_id, body, headers in stub["archived"])
     assert real == kit
-    assert [m for m, _b, _h in real] == ["max-retries-exhausted", "poisonous", "undecodable"]
+    assert [(m, keyed) for m, _b, keyed, _h in real] == [
+        ("max-retries-exhausted", True), ("poisonous", True), ("undecodable", True)]
 

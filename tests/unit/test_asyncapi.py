@@ -180,12 +180,12 @@ def test_a_receive_operation_per_handler_with_its_retries_and_the_archive(doc):
     assert (retry["maxRetries"], retry["delaysMs"], retry["backoff"]["policy"]) == (3, [1000, 2000, 4000],
                                                                                     "Exponential")
     archive = charge_op["x-kombu-events-archive"]
-    assert (archive["queue"], archive["maxLength"], archive["messageTtlMs"]) == (
-        "billing.archive", 100_000, 7 * 24 * 3600 * 1000)
+    assert (archive["queue"], archive["type"], archive["maxBytes"], archive["maxAgeMs"]) == (
+        "billing.archive", "stream", 1024**3, 7 * 24 * 3600 * 1000)
     assert archive["archivedAtOnce"][0] == "a payload that does not fit OrderCreated"
     text = charge_op["description"]
     assert "retried up to 3 times, after 1 s, 2 s, 4 s" in text
-    assert "`billing.archive` (at most 100000 messages and each kept 7 d)" in text
+    assert "stream `billing.archive` (each kept 7 d and at most 1 GiB in all)" in text
     assert "a payload that does not fit OrderCreated" in text
     assert doc["operations"]["shipped"]["summary"] == "Handles the events bound with orders.*.shipped, shipments.#."
     assert not any("fit" in reason for reason in doc["operations"]["audit"]["x-kombu-events-archive"]["archivedAtOnce"])

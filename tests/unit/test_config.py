@@ -58,6 +58,7 @@ def test_env_variable_names_are_the_seeds():
         "max_retries": "AMQP_EVENTS_MAX_RETRIES",
         "archive_ttl_ms": "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",
         "archive_max_length": "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH",
+        "archive_max_bytes": "KOMBU_EVENTS_ARCHIVE_MAX_BYTES",
     }
 
 
@@ -99,6 +100,8 @@ def test_environ_defaults_to_os_environ(monkeypatch):
         ({"archive_ttl_ms": -1}, "archive_ttl_ms", "0 .. 4294967295"),
         ({"archive_ttl_ms": 2**32}, "archive_ttl_ms", "0 .. 4294967295"),
         ({"archive_max_length": -1}, "archive_max_length", "0 .. 2147483647"),
+        ({"archive_max_bytes": -1}, "archive_max_bytes", "0 .. 9007199254740992"),
+        ({"archive_max_bytes": 2**53 + 1}, "archive_max_bytes", "0 .. 9007199254740992"),
         ({"prefetch_count": 0}, "prefetch_count", "1 .. 65535"),
         ({"prefetch_count": 65_536}, "prefetch_count", "1 .. 65535"),
         ({"traceback_limit": -1}, "traceback_limit", "0 .. 60000"),
@@ -114,7 +117,7 @@ def test_environ_defaults_to_os_environ(monkeypatch):
         ({"accept_content": "application/json"}, "accept_content", "non-empty list of content types"),
         ({"accept_content": ()}, "accept_content", "non-empty list of content types"),
         ({"backoff": "fast"}, "backoff", "Exponential"),
-        ({"max_retry": 3}, "max_retry", "valid: accept_content, archive_max_length"),
+        ({"max_retry": 3}, "max_retry", "valid: accept_content, archive_max_bytes, archive_max_length"),
     ],
 )
 def test_invalid_settings_name_the_setting_and_what_is_valid(kwargs, setting, valid):

@@ -33,6 +33,7 @@ def exporter_samples() -> dict[str, set[str]]:
     q.depth = 0
     metrics.ladder_depths[("svc", 0)] = 0
     metrics.archive_depths["svc"] = 0
+    metrics.archive_bytes["svc"] = 0
     metrics.published.labels("events", "ok").inc()
     return d.exposed_samples(generate_latest(metrics.registry).decode())
 

@@ -87,9 +87,11 @@ def test_every_edge_joins_declared_nodes():
 
 
 def test_queue_arguments_worth_seeing_are_in_the_label():
-    dot = to_dot(_topology(delay_unit_ms=500, archive_max_length=7, queue_type="quorum"))
+    dot = to_dot(_topology(delay_unit_ms=500, archive_max_bytes=7_000_000, archive_ttl_ms=60_500,
+                           queue_type="quorum"))
     assert '"queue:billing.delay.3" [shape=ellipse, label="billing.delay.3\\nttl 4000 ms\\nquorum queue"];' in dot
-    assert "max-length 7" in dot
+    assert ('"queue:billing.archive" [shape=ellipse, label="billing.archive\\nmax-age 61s\\n'
+            'max-length-bytes 7000000\\nstream queue"];') in dot
 
 
 def test_output_is_deterministic_whatever_the_order_of_kombus_binding_sets():

@@ -141,6 +141,7 @@ class AmqpConnection(StatusConnection):
 def _gather(monkeypatch, events: Events, management_url: str | None = None) -> tuple[list[Any], FakeUrlopen]:
     opened = FakeUrlopen({"messages_unacknowledged": 7})
     monkeypatch.setattr(status.urllib.request, "urlopen", opened)
+    monkeypatch.setattr(status, "archived_count", lambda connection, topology: 1)  # a stream: read, not asked
     topology = events.topology()
     connection = AmqpConnection({q.name: (1, 1) for q in topology.queues})
     return status.gather(connection, topology, management_url), opened
@@ -150,7 +151,9 @@ def test_gather_asks_the_configured_management_api(monkeypatch):
     rows, opened = _gather(monkeypatch, _events(management_url=CONFIGURED))
     assert opened.asked[0] == "https://mgmt.example:15671/rabbitmq/api/queues/%2F/billing.orders"
     assert all(url.startswith("https://mgmt.example:15671/rabbitmq/api/queues/%2F/") for url in opened.asked)
-    assert {r.unacked for r in rows} == {7}
+    assert {r.unacked for r in rows if r.role != "archive"} == {7}
+    assert [r.unacked for r in rows if r.role == "archive"] == [0]  # the API is not asked about the archive
+    assert not [url for url in opened.asked if url.endswith(".archive")]
 
 
 def test_gather_reads_the_environment_variable_through_the_services_settings(monkeypatch):
@@ -176,12 +179,13 @@ def test_the_console_asks_the_configured_management_api_unless_its_own_settings_
     events = _events(management_url=CONFIGURED)
     connection = AmqpConnection({q.name: (1, 1) for q in events.topology().queues})
     monkeypatch.setattr(reading, "connected", lambda url, app: nullcontext(connection))
+    monkeypatch.setattr(status, "archived_count", lambda connection, topology: 1)
     for settings, asked in [(ConsoleSettings(), "https://mgmt.example:15671/rabbitmq/api/"),
                             (ConsoleSettings(management_url="http://console.example:1"), "http://console.example:1/")]:
         opened = FakeUrlopen({"messages_unacknowledged": 2})
         monkeypatch.setattr(status.urllib.request, "urlopen", opened)
         rows = create_app(events, settings).state.service.status()
-        assert opened.asked[0].startswith(asked) and {r.unacked for r in rows} == {2}
+        assert opened.asked[0].startswith(asked) and {r.unacked for r in rows if r.role != "archive"} == {2}
 
 
 def _check(monkeypatch, events: Events, *, ssl: bool, management_url: str | None = None) -> FakeUrlopen:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -42,7 +43,7 @@ TOPOLOGY = build_topology(SETTINGS, [
 USER_HEADERS = {"x-request-id": "r-1", "tenant": "acme", "nested": {"items": [1, 2.5, None, b"\x00"]}}
 BROKER_HEADERS = ("x-death", "x-first-death-queue", "x-first-death-reason", "x-last-death-queue")
 LIBRARY_HEADERS = {wire.ATTEMPTS, wire.QUEUE, wire.ROUTING_KEY, wire.REASON, wire.EXCEPTION, wire.TRACEBACK,
-                   wire.ARCHIVED_AT, wire.FIRST_FAILURE_AT, wire.DROPPED_HEADERS, wire.EXPIRATION}
+                   wire.ARCHIVED_AT, wire.FIRST_FAILURE_AT, wire.DROPPED_HEADERS, wire.EXPIRATION, wire.ARCHIVE_KEY}
 NACKED = "nacked by the broker"
 BOOM = Outcome(FAILED, "builtins.ValueError: boom", "builtins.ValueError: boom")
 
@@ -230,6 +231,16 @@ def test_an_archived_copy_says_why_where_from_and_after_how_many_attempts():
         wire.EXCEPTION: "kombu_events.errors.Archive: order cancelled", wire.TRACEBACK: "Traceback ...",
     }
     assert headers[wire.ARCHIVED_AT].endswith("+00:00")
+    assert re.fullmatch(r"[0-9a-f]{20}", headers[wire.ARCHIVE_KEY])
+
+
+def test_every_archived_copy_has_a_key_of_its_own():
+    # The message id is the publisher's and not unique: replay and purge act on the archive key.
+    outcome = Outcome(ARCHIVE, "order cancelled")
+    keys = {_headers(_plan(_delivery(attempts=1), outcome))[wire.ARCHIVE_KEY] for _ in range(50)}
+    assert len(keys) == 50
+    earlier = _delivery(attempts=1, **{wire.ARCHIVE_KEY: "0" * 20})  # a replayed copy archived again
+    assert _headers(_plan(earlier, outcome))[wire.ARCHIVE_KEY] != "0" * 20
 
 
 @pytest.mark.parametrize("user_id, userid, sent", [
@@ -355,6 +366,7 @@ def test_a_refused_archive_is_tried_with_the_librarys_headers_only(attempts, red
         delivery.attempt, QUEUE, EVENT_KEY)
     assert headers[wire.TRACEBACK] == ""
     assert headers[wire.EXPIRATION] == "60000"
+    assert re.fullmatch(r"[0-9a-f]{20}", headers[wire.ARCHIVE_KEY])
     assert stripped.properties["message_id"] == "m-1"
     assert stripped.properties["correlation_id"] == b"c-\xff"
 

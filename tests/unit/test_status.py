@@ -7,6 +7,7 @@ from amqp.exceptions import NotFound
 
 from kombu_events import Events
 from kombu_events.ops import status
+from kombu_events.ops.archive import LegacyArchiveError
 from kombu_events.ops.status import CONSUMING, PAUSED, QueueStatus, queue_state
 
 
@@ -69,6 +70,7 @@ def test_gather_reads_every_queue_a_missing_one_included_and_asks_the_api_until_
         return {"messages_unacknowledged": 3} if len(asked) == 1 else None
 
     monkeypatch.setattr(status, "_management", management)
+    monkeypatch.setattr(status, "archived_count", lambda connection, topology: 7)  # read from the stream
     connection = Connection(counts)
     rows = status.gather(connection, topology)
     assert [r.queue for r in rows] == names
@@ -76,10 +78,23 @@ def test_gather_reads_every_queue_a_missing_one_included_and_asks_the_api_until_
     assert by_name["billing.delay.1"] == QueueStatus("billing.delay.1", "delay", None, None, None, exists=False)
     assert by_name[handlers[0]] == QueueStatus(handlers[0], "handler", 5, 3, 2, state=CONSUMING)
     assert by_name[handlers[1]] == QueueStatus(handlers[1], "handler", counts[handlers[1]][0], None, 0, state=PAUSED)
-    assert by_name["billing.archive"].role == "archive" and by_name["billing.archive"].unacked is None
+    # the archive, a stream: its pending copies, read; nothing in it is ever unacknowledged
+    archive = counts["billing.archive"]
+    assert by_name["billing.archive"] == QueueStatus("billing.archive", "archive", 7, 0, archive[1])
     assert [q for q, _ in asked] == handlers, "the API is not asked again once it failed"
     assert {url for _, url in asked} == {"http://rabbit.example:15672"}
     assert connection.log.count("open") == connection.log.count("close") == 2, "one channel, renewed after the 404"
+
+
+def test_an_archive_of_an_earlier_version_is_counted_by_its_passive_declare(monkeypatch):
+    def legacy(connection, topology):
+        raise LegacyArchiveError("a classic queue")
+
+    topology = _topology()
+    monkeypatch.setattr(status, "_management", lambda connection, queue, base_url: None)
+    monkeypatch.setattr(status, "archived_count", legacy)
+    rows = status.gather(Connection({q.name: (3, 0) for q in topology.queues}), topology)
+    assert rows[-1] == QueueStatus("billing.archive", "archive", 3, None, 0)
 
 
 def test_read_depths_leaves_a_missing_queue_out():

@@ -278,6 +278,98 @@ def test_advance_handles_retries_that_come_due_within_the_same_advance(events):
     assert archived.headers[wire.ROUTING_KEY] == "orders.1" and archived.payload == {}
 
 
+# -- the archive: a stream of copies under archive keys, settled by replay and purge ---------------------
+
+
+def test_an_archived_copy_is_appended_to_the_archive_under_a_key_of_its_own(events):
+    @events.handler("orders.#", max_retries=0)
+    def always(payload):
+        raise RuntimeError("always")
+
+    stub = StubEvents(events)
+    for n in (1, 2):
+        stub.publish("orders.1", {"n": n}, message_id="same-id")  # a message id is not unique: the key is
+    stub.join(fail_fast=False)
+    first, second = stub.archive()
+    assert [c.payload for c in (first, second)] == [{"n": 1}, {"n": 2}]
+    assert [c.offset for c in (first, second)] == [0, 1] and first.key != second.key
+    assert [c.key for c in (first, second)] == [a.headers[wire.ARCHIVE_KEY] for a in stub.archived]
+    assert (first.queue, first.routing_key, first.message_id) == ("billing.always", "orders.1", "same-id")
+    assert first.reason == stub.archived[0].reason == first.headers[wire.REASON]
+
+
+def test_purge_hides_the_copies_it_settles_and_keeps_them_in_the_stream(events):
+    @events.handler("orders.#", max_retries=0)
+    def always(payload):
+        raise RuntimeError("always")
+
+    stub = StubEvents(events)
+    for n in range(3):
+        stub.publish("orders.1", {"n": n})
+    stub.join(fail_fast=False)
+    purged = stub.purge(lambda c: c.payload["n"] != 1, by="ops", note="cleanup")
+    assert [c.payload for c in purged] == [{"n": 0}, {"n": 2}]
+    assert [c.payload for c in stub.archive()] == [{"n": 1}]
+    assert stub.purge(lambda c: c.payload["n"] == 0) == []  # settled once: no longer listed
+    records = stub._broker.streams["billing.archive"]
+    assert len(records) == 4  # three copies and one settlement record: nothing was removed
+    assert (records[3].action, records[3].keys, records[3].by, records[3].note) == (
+        "purged", tuple(c.key for c in purged), "ops", "cleanup")
+
+
+def test_replay_sends_each_copy_back_once_and_settles_it(events):
+    fixed = []
+
+    @events.handler("orders.#", max_retries=0, bind=True)
+    def flaky(event):
+        if not fixed:
+            raise RuntimeError("not yet")
+        fixed.append((event.payload, event.attempt, dict(event.headers)))
+
+    stub = StubEvents(events)
+    stub.publish("orders.7", {"n": 7}, headers={"tenant": "acme"})
+    stub.join(fail_fast=False)
+    [archived] = stub.archive()
+    fixed.append("deployed")
+    assert stub.replay() == [archived]
+    assert stub.archive() == [] and stub.replay() == []  # settled: a second replay sends nothing
+    stub.join()
+    [(payload, attempt, headers)] = fixed[1:]
+    assert (payload, attempt, headers["tenant"]) == ({"n": 7}, 1, "acme")
+    assert headers[wire.REPLAY_OF] == archived.key
+    assert not {wire.ARCHIVE_KEY, wire.REASON, wire.ATTEMPTS} & set(headers)
+    settlement = stub._broker.streams["billing.archive"][-1]
+    assert (settlement.action, settlement.keys, dict(settlement.detail)) == (
+        "replayed", (archived.key,), {archived.key: "billing.flaky"})
+
+
+def test_replay_to_a_queue_that_is_not_the_services_keeps_the_copy_archived(events):
+    @events.handler("orders.#", max_retries=0)
+    def always(payload):
+        raise RuntimeError("always")
+
+    stub = StubEvents(events)
+    stub.publish("orders.1", {})
+    stub.join(fail_fast=False)
+    assert stub.replay(to_queue="someone.else") == []
+    assert len(stub.archive()) == 1 and stub.pending == []
+
+
+def test_the_archive_of_an_app_with_two_services_needs_events(app, events):
+    shipping = Events(app, "shipping")
+
+    @shipping.handler("orders.#", max_retries=0)
+    def ship(payload):
+        raise RuntimeError("no")
+
+    stub = StubEvents(app)
+    stub.publish("orders.1", {}, exchange="events")
+    stub.join(fail_fast=False)
+    with pytest.raises(ConfigurationError, match="pass events="):
+        stub.archive()
+    assert [c.queue for c in stub.archive(shipping)] == ["shipping.ship"] and stub.archive(events) == []
+
+
 def test_retry_with_a_delay_waits_that_long(events):
     @events.handler("orders.#", bind=True)
     def later(event):

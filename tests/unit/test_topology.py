@@ -8,10 +8,13 @@ from kombu import Exchange, Queue, binding
 from kombu_events.core.backoff import Exponential
 from kombu_events.core.config import Settings
 from kombu_events.core.handlers import Handler
-from kombu_events.core.topology import NO_DELIVERY_LIMIT, Topology, build_topology
+from kombu_events.core.topology import (ARCHIVE_SEGMENT_BYTES, NO_DELIVERY_LIMIT, Topology, archive_segment_bytes,
+                                        build_topology)
 from kombu_events.errors import DelayTooLongError
 
 CLASSIC = {"x-queue-type": "classic"}
+STREAM = {"x-queue-type": "stream"}
+GIB = 1024**3
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -67,7 +70,9 @@ def test_every_queue_with_every_argument():
         "billing.delay.2": (True, {**CLASSIC, "x-message-ttl": 4000, "x-dead-letter-exchange": "billing.delay.1"}),
         "billing.delay.1": (True, {**CLASSIC, "x-message-ttl": 2000, "x-dead-letter-exchange": "billing.delay.0"}),
         "billing.delay.0": (True, {**CLASSIC, "x-message-ttl": 1000, "x-dead-letter-exchange": "billing.delivery"}),
-        "billing.archive": (True, {**CLASSIC, "x-message-ttl": DAY_MS, "x-max-length": 500}),
+        # a stream whatever queue_type; archive_max_length bounds nothing any more
+        "billing.archive": (True, {**STREAM, "x-max-age": "86400s", "x-max-length-bytes": GIB,
+                                   "x-stream-max-segment-size-bytes": ARCHIVE_SEGMENT_BYTES}),
     }
     assert [q.name for q in topology.queues][:2] == ["billing.on_order_created", "billing.audit"]
     assert [q.name for q in topology.handler_queues] == ["billing.on_order_created", "billing.audit"]
@@ -120,20 +125,40 @@ def test_other_exchange_and_ttl_unit():
     assert [q.queue_arguments["x-message-ttl"] for q in topology.queues[1:3]] == [500, 250]
 
 
+SEGMENT = "x-stream-max-segment-size-bytes"
+
+
 @pytest.mark.parametrize(
-    "ttl, length, expected",
+    "ttl, max_bytes, expected",
     [
-        (0, 0, {**CLASSIC}),
-        (0, 5, {**CLASSIC, "x-max-length": 5}),
-        (5, 0, {**CLASSIC, "x-message-ttl": 5}),
-        (5, 6, {**CLASSIC, "x-message-ttl": 5, "x-max-length": 6}),
+        (0, 0, {**STREAM, SEGMENT: ARCHIVE_SEGMENT_BYTES}),
+        (0, 5, {**STREAM, "x-max-length-bytes": 5, SEGMENT: 2**20}),
+        (5, 0, {**STREAM, "x-max-age": "1s", SEGMENT: ARCHIVE_SEGMENT_BYTES}),  # whole seconds, rounded up
+        (1000, 0, {**STREAM, "x-max-age": "1s", SEGMENT: ARCHIVE_SEGMENT_BYTES}),
+        (1001, 6, {**STREAM, "x-max-age": "2s", "x-max-length-bytes": 6, SEGMENT: 2**20}),
+        (DAY_MS, 8 * 2**20, {**STREAM, "x-max-age": "86400s", "x-max-length-bytes": 8 * 2**20, SEGMENT: 2 * 2**20}),
     ],
 )
-def test_archive_arguments_are_omitted_when_zero(ttl, length, expected):
-    topology = build_topology(_settings(archive_ttl_ms=ttl, archive_max_length=length), HANDLERS)
+@pytest.mark.parametrize("length", [0, 500])
+def test_archive_arguments_are_omitted_when_zero(ttl, max_bytes, expected, length):
+    topology = build_topology(_settings(archive_ttl_ms=ttl, archive_max_bytes=max_bytes, archive_max_length=length),
+                              HANDLERS)
     archive = topology.queues[-1]
     assert archive.name == "billing.archive"
     assert dict(archive.queue_arguments or {}) == expected
+
+
+@pytest.mark.parametrize("max_bytes, segment", [
+    (0, ARCHIVE_SEGMENT_BYTES),  # no bound: the largest segment
+    (1, 2**20),  # never below 1 MiB
+    (4 * 2**20 - 1, 2**20),
+    (8 * 2**20, 2 * 2**20),  # a quarter: retention drops a quarter at a time
+    (4 * ARCHIVE_SEGMENT_BYTES, ARCHIVE_SEGMENT_BYTES),
+    (GIB, ARCHIVE_SEGMENT_BYTES),  # never above 100 MB
+    (2**53, ARCHIVE_SEGMENT_BYTES),
+])
+def test_archive_segment_bytes(max_bytes, segment):
+    assert archive_segment_bytes(max_bytes) == segment
 
 
 @settings(max_examples=60, deadline=None)
@@ -162,20 +187,23 @@ def test_quorum_mode():
     for queue in quorum.queues:
         args = dict(queue.queue_arguments)
         if queue.name == "billing.archive":
-            # the archive dead-letters nothing: quorum, but no at-least-once or reject-publish
-            assert args == {**classic[queue.name], **QUORUM}
+            # the archive is a stream whatever queue_type: no quorum argument
+            assert args == classic[queue.name]
+            assert args["x-queue-type"] == "stream"
         else:
             assert args == {**classic[queue.name], **QUORUM_DEAD_LETTERING}
 
 
 def test_every_quorum_queue_asks_for_the_configured_number_of_replicas():
     queues = build_topology(_settings(queue_type="quorum", quorum_initial_group_size=5), HANDLERS).queues
-    assert {q.queue_arguments["x-quorum-initial-group-size"] for q in queues} == {5}
+    assert {q.queue_arguments["x-quorum-initial-group-size"] for q in queues if q.name != "billing.archive"} == {5}
+    assert "x-quorum-initial-group-size" not in queues[-1].queue_arguments  # the archive: a stream
 
 
 def test_classic_mode_names_its_type_and_sets_no_quorum_arguments():
     for queue in build_topology(_settings(), HANDLERS).queues:
-        assert queue.queue_arguments["x-queue-type"] == "classic"  # not the vhost's default type
+        expected = "stream" if queue.name == "billing.archive" else "classic"
+        assert queue.queue_arguments["x-queue-type"] == expected  # not the vhost's default type
         assert not set(queue.queue_arguments) & (set(QUORUM_DEAD_LETTERING) - {"x-queue-type"})
 
 
@@ -188,7 +216,8 @@ def test_describe_lists_every_entity():
             "x-dead-letter-routing-key=0.0.1.billing.audit x-queue-type=classic") in lines
     assert ("queue billing.delay.0 durable=True x-dead-letter-exchange=billing.delivery x-message-ttl=1000 "
             "x-queue-type=classic") in lines
-    assert f"queue billing.archive durable=True x-max-length=500 x-message-ttl={DAY_MS} x-queue-type=classic" in lines
+    assert ("queue billing.archive durable=True x-max-age=86400s x-max-length-bytes=1073741824 x-queue-type=stream "
+            f"x-stream-max-segment-size-bytes={ARCHIVE_SEGMENT_BYTES}") in lines
     assert "  bind queue billing.audit <- exchange events key='refunds.#'" in lines
     assert "  bind queue billing.archive <- exchange billing.archive key=''" in lines
     assert "bind exchange billing.delivery <- exchange billing.delay.0 key='*.*.0.#'" in lines
@@ -220,8 +249,9 @@ def test_describe_is_the_same_whatever_the_order_of_kombus_binding_sets():
 
 
 def test_describe_has_no_trailing_space():
-    lines = build_topology(_settings(archive_ttl_ms=0, archive_max_length=0), []).describe()
-    assert "queue billing.archive durable=True x-queue-type=classic" in lines
+    lines = build_topology(_settings(archive_ttl_ms=0, archive_max_bytes=0, archive_max_length=0), []).describe()
+    assert ("queue billing.archive durable=True x-queue-type=stream "
+            f"x-stream-max-segment-size-bytes={ARCHIVE_SEGMENT_BYTES}") in lines
     assert all(line == line.rstrip() for line in lines)
 
 
