@@ -18,6 +18,7 @@ import amqp
 import pytest
 from kombu import Connection
 
+from kombu_events.broker import streams
 from kombu_events.core import headers as wire
 from kombu_events.core.config import Settings
 from kombu_events.core.logs import safe_url
@@ -155,7 +156,8 @@ def test_declare_dry_run_prints_the_plan_without_connecting(make_project):
             f"x-dead-letter-routing-key={'0.' * (LEVELS - 1)}1.{s}.orders") in out
     assert f"x-dead-letter-exchange={s}.delivery" in out
     assert f"x-dead-letter-routing-key={'0.' * (LEVELS - 1)}1.{s}.orders" in out
-    assert "x-max-length=" in out
+    assert f"queue {s}.archive durable=True x-max-age=604800s x-max-length-bytes=1073741824" in out, "a stream"
+    assert "x-queue-type=stream" in out
     assert f"<- exchange {project.exchange} key='orders.#'" in out
     assert f"<- exchange {project.exchange} key='users.#'" in out
     assert f"<- exchange {s}.delivery key='{'*.' * LEVELS}{s}.orders'" in out
@@ -295,7 +297,9 @@ def test_status_reads_unacked_counts_from_the_management_api_the_setting_names_a
 
     elsewhere = cli_env(project, "status", "--json", KOMBU_EVENTS_MANAGEMENT_URL=DEAD_MANAGEMENT_URL)
     assert elsewhere.returncode == 0, elsewhere.stderr
-    assert {r["unacked"] for r in json.loads(elsewhere.stdout)} == {None}, "the setting, not the guess, is asked"
+    rows = json.loads(elsewhere.stdout)
+    assert {r["unacked"] for r in rows if r["role"] != "archive"} == {None}, "the setting, not the guess, is asked"
+    assert [r["unacked"] for r in rows if r["role"] == "archive"] == [0], "a stream holds nothing unacked"
     flag_wins = cli_env(project, "status", "--json", "--management-url", brokers.MANAGEMENT_URL,
                         KOMBU_EVENTS_MANAGEMENT_URL=DEAD_MANAGEMENT_URL)
     assert {r["queue"]: r["unacked"] for r in json.loads(flag_wins.stdout)}[hold] == 1, flag_wins.stderr
@@ -349,7 +353,7 @@ def test_archive_list_show_and_dry_run_leave_the_archive_unchanged(make_project)
 
     flag(project).unlink()  # even a working handler must not see dry-run messages
     dry = cli(project, "archive", "replay", "--dry-run").stdout
-    assert all(f"would replay {m}" in dry for m in (o1, o2, u1))
+    assert all(f"(id {m}) to" in dry for m in (o1, o2, u1)) and dry.startswith("would replay ")
     time.sleep(0.3)  # a replayed message would be back at once: replay publishes with no delay
     assert archive_ids(project) == before
     assert len(calls(project)) == handled
@@ -365,7 +369,7 @@ def test_archive_replay_with_queue_and_limit_replays_exactly_one(make_project):
 
     result = cli(project, "archive", "replay", "--queue", queue(project, "orders"), "--limit", "1")
     [line] = [line for line in result.stdout.splitlines() if line.startswith("replayed ")]
-    replayed = line.split()[1]
+    replayed = line.split("(id ")[1].split(")")[0]
     assert replayed in ids[:2] and line.endswith(queue(project, "orders"))
     wait_for(lambda: len(calls(project)) > handled, what="the replayed message handled")
     time.sleep(0.3)  # a second replayed message would be back at once: replay publishes with no delay
@@ -408,7 +412,7 @@ def test_archive_replay_keeps_messages_whose_queue_is_gone(make_project):
         conn.default_channel.queue_delete(queue(project, "users"))
 
     result = cli(project, "archive", "replay", code=1)
-    assert f"replayed {order}" in result.stdout
+    assert f"(id {order}) to {queue(project, 'orders')}" in result.stdout
     assert user in result.stderr and "1 replayed, 1 kept" in result.stderr
     assert archive_ids(project) == {user: queue(project, "users")}
     assert depth(project, "orders") == 1  # back in its queue, for the next worker
@@ -434,11 +438,11 @@ def test_archive_purge_needs_yes_and_can_select_a_queue(make_project):
     assert depth(project, "archive") == 3
 
     result = cli(project, "archive", "purge", "--queue", queue(project, "users"), "--yes")
-    assert "purged 1" in result.stdout
+    assert "purged 1 message(s)" in result.stderr and "until retention" in result.stderr
     assert archive_ids(project) == {o1: queue(project, "orders"), o2: queue(project, "orders")}
 
     result = cli(project, "archive", "purge", "--yes")
-    assert "purged 2" in result.stdout
+    assert "purged 2 message(s)" in result.stderr
     assert depth(project, "archive") == 0
 
 
@@ -459,18 +463,14 @@ def archive_directly(project: Project, entries: list[tuple[str, str]]) -> list[s
 
 
 def archive_contents(project: Project) -> list[tuple[str, bytes, dict]]:
-    """(message id, body, headers) of every archived message, in archive order (left in the archive)."""
-    with Connection(project.broker_url) as conn:
-        channel = conn.channel()
-        channel.auto_decode = False
-        found = []
-        while True:
-            message = channel.basic_get(queue(project, "archive"), no_ack=False)
-            if message is None:
-                break
-            found.append((message.properties["message_id"], message.body, message.headers))
-        channel.close()  # unacked: all back, in place
-    return found
+    """(message id, body, headers) of every copy still archived, in archive order (a read changes nothing)."""
+    return [(m.properties["message_id"], m.body, m.headers) for m in peek_messages(project.broker_url,
+                                                                                    queue(project, "archive"))]
+
+
+def keys_of(project: Project) -> dict[str, str]:
+    """message id -> archive key of every copy still archived."""
+    return {m.properties["message_id"]: m.key for m in peek_messages(project.broker_url, queue(project, "archive"))}
 
 
 MIXED = [("users", "users.1.joined"), ("orders", "orders.1.created"), ("orders", "orders.3.paid"),
@@ -485,9 +485,10 @@ def test_archive_purge_dry_run_reports_what_would_go_and_removes_nothing(make_pr
     assert [m[0] for m in before] == [u1, o1, o3, o2, u2]
     orders = queue(project, "orders")
 
+    key = keys_of(project)
     dry = cli(project, "archive", "purge", "--routing-key", "orders.*.created", "--dry-run")  # no --yes needed
-    assert dry.stdout.splitlines() == [f"would purge {o1} from {orders} (key orders.1.created)",
-                                       f"would purge {o2} from {orders} (key orders.2.created)"]
+    assert dry.stdout.splitlines() == [f"would purge {key[o1]} (id {o1}) from {orders} (key orders.1.created)",
+                                       f"would purge {key[o2]} (id {o2}) from {orders} (key orders.2.created)"]
     assert dry.stderr == "2 message(s) would be purged\n"
 
     def would_go(*args: str) -> list[str]:
@@ -513,7 +514,7 @@ def test_archive_purge_dry_run_reports_what_would_go_and_removes_nothing(make_pr
                                             "--json").stdout)
     assert [m["id"] for m in listed] == [o1, o2, u2]
     replay = cli(project, "archive", "replay", "--routing-key", "*.*.created", "--limit", "2", "--dry-run")
-    assert [line.split()[2] for line in replay.stdout.splitlines()] == [o1, o2]
+    assert [line.split()[2] for line in replay.stdout.splitlines()] == [key[o1], key[o2]]
     assert archive_contents(project) == before
 
 
@@ -537,8 +538,9 @@ def test_archive_purge_by_pattern_deletes_exactly_the_matching_messages(make_pro
         (o1, "purged", "orders.1.created")]
     assert archive_contents(project) == left_after({o1})
 
+    key = keys_of(project)
     result = cli(project, "archive", "purge", "--routing-key", "orders.*.created", "--yes")
-    assert result.stdout == "purged 1 message(s)\n"  # o2: the one match left
+    assert result.stdout == f"purged {key[o2]} (id {o2}) from {queue(project, 'orders')}\n"  # the one match left
     assert archive_contents(project) == left_after({o1, o2})
 
     report = one_document("archive-purge", cli(project, "archive", "purge", "--queue", queue(project, "users"),
@@ -547,16 +549,17 @@ def test_archive_purge_by_pattern_deletes_exactly_the_matching_messages(make_pro
     assert archive_contents(project) == left_after({o1, o2, u1, u2})
 
     nothing = cli(project, "archive", "purge", "--routing-key", "no.such.key", "--yes")
-    assert nothing.stdout == "purged 0 message(s)\n"
+    assert nothing.stdout == "" and nothing.stderr.startswith("purged 0 message(s)")
     assert archive_contents(project) == left_after({o1, o2, u1, u2}) and [m[0] for m in before].index(o3) == 2
 
     everything = one_document("archive-purge", cli(project, "archive", "purge", "--yes", "--json").stdout)
-    assert everything == {"dry_run": False, "matched": 1, "purged": 1, "messages": None}  # one queue.purge
+    assert (everything["matched"], everything["purged"], everything["erased"]) == (1, 1, 0)
+    assert [m["id"] for m in everything["messages"]] == [o3]
     assert archive_contents(project) == []
 
 
 def test_a_purge_that_fails_half_way_loses_no_message(make_project):
-    """The process dies in the middle of a selective purge: what it acked is gone, everything else is back."""
+    """The process dies in the middle of a selective purge's selection: nothing was settled, everything is there."""
     project = make_project()
     project.declare()
     u1, o1, o3, o2, _u2 = archive_directly(project, MIXED)
@@ -573,12 +576,12 @@ def test_a_purge_that_fails_half_way_loses_no_message(make_project):
     with Connection(project.broker_url) as conn, pytest.raises(RuntimeError, match="laptop"):
         purge(conn, topology, match)
     assert seen == [u1, o1, o3, o2]
-    assert archive_contents(project) == [m for m in before if m[0] not in (o1, o3)]
+    assert archive_contents(project) == before
 
 
-def test_archive_purge_killed_mid_scan_loses_no_message(make_project):
-    """kill -9 while purge --routing-key reads a large archive: every message that does not match is still there,
-    once, in order; of those that match, only some are gone (it was killed half-way)."""
+def test_archive_purge_killed_mid_way_loses_no_message(make_project):
+    """kill -9 while purge --routing-key reads and settles a large archive: every copy that does not match is still
+    listed, once, in order; a matching one is listed or settled as purged, never both; the stream loses nothing."""
     project = make_project()
     project.declare()
     count = 3000
@@ -593,28 +596,22 @@ def test_archive_purge_killed_mid_scan_loses_no_message(make_project):
         channel.close()
     kept = [f"m-{n}" for n, (_handler, key) in enumerate(keys) if key.startswith("users.")]
     matching = {f"m-{n}" for n, (_handler, key) in enumerate(keys) if key.startswith("orders.")}
-    run = subprocess.Popen([str(Path(sys.executable).parent / "kombu-events"), "-A", project.module, "archive",
-                            "purge", "--routing-key", "orders.#", "--yes"], cwd=project.dir, env=project.env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: depth(project, "archive") < count - 500 or run.poll() is not None, timeout=60,
-                 interval=0.005, what="the purge under way")
-        assert run.poll() is None, "the purge must still run when it is killed: " + run.communicate()[1]
+    for delay in (0.2, 0.6, 1.2):  # killed before, during and after the settlement records
+        run = subprocess.Popen([str(Path(sys.executable).parent / "kombu-events"), "-A", project.module, "archive",
+                                "purge", "--routing-key", "orders.#", "--yes"], cwd=project.dir, env=project.env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
         run.send_signal(signal.SIGKILL)
-    finally:
         run.wait()
-
-    def back() -> list[str] | None:  # the broker sees the connection go: what it held unacked returns
-        ids = [m[0] for m in archive_contents(project)]
-        return ids if set(kept) <= set(ids) else None
-
-    left = wait_for(back, what="the killed purge's unacked messages back in the archive")
-    assert [i for i in left if i not in matching] == kept, "every message that did not match: there, once, in order"
-    assert len(left) == len(set(left)), "no duplicate"
-    gone = matching - set(left)
-    assert 0 < len(gone) < len(matching), f"killed half-way: {len(gone)} of {len(matching)} purged"
-    print(f"\n[archive purge] kill -9 mid-scan of {count} messages: {len(gone)} of {len(matching)} matching "
-          f"purged, {len(kept)} not matching all kept, in order")
+        left = [m[0] for m in archive_contents(project)]
+        assert [i for i in left if i not in matching] == kept, "every copy that did not match: listed, in order"
+        assert len(left) == len(set(left)), "no duplicate"
+        print(f"\n[archive purge] kill -9 after {delay} s: {len(matching - set(left))} of {len(matching)} matching "
+              f"purged, {len(kept)} not matching all listed")
+    with Connection(project.broker_url) as conn:
+        stored = [o for o, m in streams.read(conn.connection, queue(project, "archive"))
+                  if "kombu-events-settlement" not in m.headers]
+    assert len(stored) == count, "a purge removes nothing from the stream"
 
 
 # -- publish ---------------------------------------------------------------------------------------------

@@ -55,24 +55,25 @@ def test_the_cli_reports_every_id_it_did_not_find_and_exits_1(service, replay_cl
     first, second, third = archive(service, 3)
     dry = replay_cli("--id", first, "--id", first + "\n", "--dry-run")
     assert dry.exit_code == 1
-    assert dry.stdout == f"would replay {first} to {service.queue('orders')} (key orders.0.created)\n"
-    assert dry.stderr == f"not found: no archived message with id {first + chr(10)!r}\n"
+    key = dry.stdout.split()[2]
+    assert dry.stdout == f"would replay {key} (id {first}) to {service.queue('orders')} (key orders.0.created)\n"
+    assert dry.stderr == f"not found: no archived copy with id {first + chr(10)!r}\n"
     dry_json = replay_cli("--id", first, "--id", "nope", "--dry-run", "--json")
     document = assert_valid("archive-replay", json.loads(dry_json.stdout))
     assert [(m["id"], m["outcome"]) for m in document["messages"]] == [(first, "would_replay"), ("nope", "not_found")]
 
     done = replay_cli("--id", first, "--id", second + " ", "--id", first)  # an id given twice is one
     assert done.exit_code == 1, done.stderr
-    assert done.stdout == f"replayed {first} to {service.queue('orders')}\n"
+    assert done.stdout == f"replayed {key} (id {first}) to {service.queue('orders')}\n"
     assert done.stderr.splitlines() == ["1 replayed, 0 kept, 1 not found",
-                                        f"not found: no archived message with id '{second} '"]
+                                        f"not found: no archived copy with id '{second} '"]
     as_json = replay_cli("--id", third, "--id", first, "--json")  # first: replayed already
     assert as_json.exit_code == 1
     document = assert_valid("archive-replay", json.loads(as_json.stdout))
     assert (document["matched"], document["replayed"], document["kept"]) == (1, 1, 0)
-    assert document["messages"][1] == {"id": first, "queue": "", "routing_key": "", "archived_at": "", "reason": "",
-                                       "outcome": "not_found", "why": document["messages"][1]["why"]}
-    assert "no archived message has this id" in document["messages"][1]["why"]
+    assert document["messages"][1] == {"key": "", "id": first, "queue": "", "routing_key": "", "archived_at": "",
+                                       "reason": "", "outcome": "not_found", "why": document["messages"][1]["why"]}
+    assert "no archived copy has this message id" in document["messages"][1]["why"]
     everything = replay_cli()  # no --id: nothing can be "not found"
     assert (everything.exit_code, everything.stderr) == (0, "1 replayed, 0 kept\n")
     assert sorted(m.properties["message_id"] for m in service.take("orders")) == sorted([first, second, third])
