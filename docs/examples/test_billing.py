@@ -59,6 +59,19 @@ def test_an_order_without_an_id_is_archived(events_stub, charged):
     assert charged == []
 
 
+def test_an_archived_order_replayed_fails_again_under_a_new_key(events_stub, charged):
+    stub = events_stub(events)
+    events.publish("orders.42.created", {"id": 42})
+    stub.join()
+    [copy] = stub.archive()
+    stub.replay(lambda c: c.key == copy.key)
+    stub.join()
+    [again] = stub.archive()
+    assert again.key != copy.key and again.headers["kombu-events-replay-of"] == copy.key
+    stub.purge(lambda c: c.key == again.key)
+    assert stub.archive() == [] and charged == []
+
+
 # 3. The real RabbitMQ: a vhost of the test's own, and a worker in a thread of this process.
 
 def test_a_created_order_is_charged_through_rabbitmq(events_broker, charged):

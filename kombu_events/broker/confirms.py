@@ -79,11 +79,11 @@ class Confirmer:
         """Publishes not yet confirmed."""
         return len(self._pending)
 
-    def wait(self, *, timeout_s: float) -> None:
+    def wait(self, *, timeout_s: float, reraise: bool = False) -> None:
         """Read the channel's connection until every publish is settled or ``timeout_s`` has passed.
 
-        A connection that fails meanwhile ends the wait (logged at debug): what was not
-        confirmed dies with its channel, and its original is redelivered.
+        A connection that fails meanwhile ends the wait (logged at debug; ``reraise``: raised): what
+        was not confirmed dies with its channel, and its original is redelivered.
         """
         deadline = time.monotonic() + timeout_s
         while self._pending and time.monotonic() < deadline:
@@ -93,6 +93,8 @@ class Confirmer:
                 continue
             except Exception as exc:
                 logger.debug("kombu-events: stopped waiting for confirms: %s", exc)
+                if reraise:
+                    raise
                 return
 
     def publish(self, message: Message, exchange: str, routing_key: str | bytes, on_ok: OnOk, on_fail: OnFail) -> int:

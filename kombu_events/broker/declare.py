@@ -18,10 +18,10 @@ from amqp.exceptions import NotFound, PreconditionFailed
 from kombu import Exchange, Queue
 
 from ..core.archive_records import OPENED, settlement_record
-from .confirms import Confirmer
-from .streams import NotAStreamError, last_chunk_offset
 from ..core.topology import TYPE_ARGUMENTS, Topology
 from ..errors import TopologyConflictError
+from .confirms import Confirmer
+from .streams import NotAStreamError, last_chunk_offset
 
 logger = logging.getLogger(__name__)
 

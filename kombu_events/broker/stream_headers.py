@@ -26,10 +26,13 @@ _PLAIN = (str, int, float, bool, bytes, type(None))
 
 
 def pack(properties: Mapping[str, Any]) -> dict[str, Any]:
-    """``properties`` with the header table packed (see the module); the other properties as they are."""
+    """``properties`` with the header table packed (see the module); the other properties as they are. The
+    library's own headers stay in the clear too, but the traceback (the packed table has it): a listing reads
+    them without unpacking anything."""
     new = dict(properties)
     table = dict(new.get("application_headers") or {})
-    plain = {k: v for k, v in table.items() if k.startswith(wire.PREFIX) and isinstance(v, _PLAIN)}
+    plain = {k: v for k, v in table.items()
+             if k.startswith(wire.PREFIX) and k != wire.TRACEBACK and isinstance(v, _PLAIN)}
     plain[PACKED] = base64.b64encode(dumps("F", [table])).decode("ascii")
     new["application_headers"] = plain
     return new

@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 OFFSET_HEADER = "x-stream-offset"
 #: Unacked stream messages the broker may send ahead (acks are only credit on a stream).
 PREFETCH = 100
-#: Acks are sent this many messages at a time (``multiple``), and before every wait.
-_ACK_EVERY = 50
+#: Acks are sent this many messages at a time (``multiple``): half the prefetch, so that credit never runs out.
+_ACK_EVERY = PREFETCH // 2
 
 
 class NotAStreamError(KombuEventsError):
@@ -73,9 +73,15 @@ def offset_of(message: Any) -> int:
 def _consume(connection: Any, queue: str, start: int | str, prefetch: int, sink: Any) -> Any:
     channel = connection.channel()
     channel.auto_decode = False  # bodies exactly as stored
+    channel.kombu_events_stopping = False
+
+    def take(message: Any) -> None:  # what arrives once the read stops (cancelled) is dropped, never held
+        if not channel.kombu_events_stopping:
+            sink(message)
+
     try:
         channel.basic_qos(0, prefetch, False)
-        channel.kombu_events_tag = channel.basic_consume(queue, no_ack=False, callback=sink,
+        channel.kombu_events_tag = channel.basic_consume(queue, no_ack=False, callback=take,
                                                          arguments={OFFSET_HEADER: start})
     except PreconditionFailed as exc:
         close_quietly(channel)
@@ -91,6 +97,8 @@ def _consume(connection: Any, queue: str, start: int | str, prefetch: int, sink:
 def _stop(channel: Any, sink: deque[Any]) -> None:
     """Cancel the consumer (what the broker sent until it confirmed is dropped from ``sink``), then close the
     channel: closing alone would leave every message on its way to be logged by py-amqp as it arrives."""
+    sink.clear()
+    channel.kombu_events_stopping = True  # the sink drops what arrives from here
     try:
         if channel.is_open:
             channel.basic_cancel(channel.kombu_events_tag)
@@ -153,9 +161,6 @@ def _records(connection: Any, queue: str, start: int | str, end: int | None, set
         unacked, last_tag, waited = 0, 0, 0.0
         while True:
             if not arrived:
-                if unacked:
-                    channel.basic_ack(last_tag, multiple=True)
-                    unacked = 0
                 waiting_for_end = end is not None and not reached
                 if end is not None and reached and waited >= settle_s:
                     return
@@ -176,7 +181,7 @@ def _records(connection: Any, queue: str, start: int | str, end: int | None, set
                 continue
             message = arrived.popleft()
             last_tag, unacked = message.delivery_tag, unacked + 1
-            if unacked >= _ACK_EVERY:
+            if unacked >= min(_ACK_EVERY, max(prefetch // 2, 1)):
                 channel.basic_ack(last_tag, multiple=True)
                 unacked = 0
             offset = offset_of(message)

@@ -74,7 +74,8 @@ def status(obj: Context, as_json: bool, max_archive: int | None, management_url:
             click.echo(f"WARNING: {r.ready} delayed event(s) came due with no queue bound for their key: "
                        f"they wait in {r.queue}", err=True)
     if guessed is not None:
-        click.echo(_guess(safe_url(guessed), answered=any(r.unacked is not None for r in rows if r.role != "archive")), err=True)
+        answered = any(r.unacked is not None for r in rows if r.role != "archive")  # a stream's 0 is not asked
+        click.echo(_guess(safe_url(guessed), answered=answered), err=True)
     archived = next((r.ready or 0) for r in rows if r.role == "archive")
     if max_archive is not None and archived > max_archive:
         over_threshold(f"ALERT: archive holds {archived} messages (more than --max-archive {max_archive})")

@@ -3,7 +3,8 @@ read or changed, and a 400 that names the bad field, its value and what would be
 
 ``POST /api/replay`` and ``POST /api/purge`` take a JSON object (``Content-Type: application/json``)
 with the fields of :data:`REPLAY_FIELDS` and :data:`PURGE_FIELDS`; ``null`` is the same as leaving a
-field out. An unknown field is refused too: ``"dryrun": true`` must not replay for real.
+field out. An unknown field is refused too: ``"dryrun": true`` must not replay for real, and ``"ids"``
+(message ids, which several archived copies may share) is refused with what to send instead (``"keys"``).
 """
 from __future__ import annotations
 
@@ -47,14 +48,17 @@ def _count(name: str, value: Any) -> int:
     return int(value)
 
 
-def _ids(name: str, value: Any) -> list[str]:
+def _keys(name: str, value: Any) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
-        raise BadRequest(f'"{name}" must be a list of message ids (strings), got {_shown(value)}')
+        raise BadRequest(f'"{name}" must be a list of archive keys (strings), got {_shown(value)}')
     return value
 
 
 Check = Callable[[str, Any], Any]
-_COMMON: dict[str, Check] = {"q": _text, "ids": _ids, "limit": _count, "dry_run": _flag, "before": _text}
+_COMMON: dict[str, Check] = {"q": _text, "keys": _keys, "limit": _count, "dry_run": _flag, "before": _text}
+#: Fields of an earlier version, refused with what to send instead.
+_RETIRED = {"ids": '"ids" (message ids) is not taken: several archived copies may share a message id. Send '
+                   '"keys", the archive keys of the copies (GET /api/archive lists them), or search the id with "q"'}
 #: The fields of ``POST /api/replay``, each with its check.
 REPLAY_FIELDS: Mapping[str, Check] = {**_COMMON, "to_queue": _text}
 #: The fields of ``POST /api/purge``, each with its check.
@@ -82,16 +86,21 @@ def checked_body(raw: bytes, content_type: str | None, fields: Mapping[str, Chec
     if not isinstance(document, dict):
         raise BadRequest(f"the request body must be a JSON object, got {_shown(document)}")
     unknown = sorted(set(document) - set(fields))
+    retired = [_RETIRED[name] for name in unknown if name in _RETIRED]
+    if retired:
+        raise BadRequest(retired[0])
     if unknown:
         raise BadRequest(f"unknown field(s) {', '.join(map(repr, unknown))}; the fields are: "
                          f"{', '.join(sorted(fields))}")
     return {name: fields[name](name, value) for name, value in document.items() if value is not None}
 
 
-def whole_number(name: str, text: str | None, default: int) -> int:
-    """A query parameter that must be a whole number, 0 or more (``default`` when absent)."""
+def whole_number(name: str, text: str | None, default: int, *, at_most: int | None = None) -> int:
+    """A query parameter that must be a whole number, 0 or more, at most ``at_most`` (``default`` when absent)."""
     if text is None:
         return default
     if not (text.isascii() and text.isdigit()):
         raise BadRequest(f"{name} must be a whole number, 0 or more, got {text!r}")
+    if at_most is not None and int(text) > at_most:
+        raise BadRequest(f"{name} must be at most {at_most:,} (the API's pages are bounded), got {text}")
     return int(text)

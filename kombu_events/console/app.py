@@ -1,6 +1,9 @@
 """The console as an ASGI application: :func:`create_app` for an Events service, to serve with uvicorn
 (``kombu-events console``) or to mount inside another Starlette/FastAPI application.
 
+The application follows the service's archive into its index from its start (the first page that needs
+the index starts it too, for an application mounted in another one, whose lifespan it does not see).
+
 Every request goes through :class:`Guard` first: it authenticates (:mod:`.auth`), slows down a
 client after failed logins (:mod:`.logins`), refuses a state change that is not a POST from the
 console's own pages (or a script with a valid bearer token), from a viewer, or while the console is
@@ -12,12 +15,14 @@ from __future__ import annotations
 __all__ = ["ConsoleSettings", "create_app"]
 
 import logging
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -31,6 +36,7 @@ from .audit import AuditLog
 from .auth import SECURITY_HEADERS, AuthSettings, Principal, authenticate, claimed_login, cross_site_refusal
 from .jobs import Jobs
 from .logins import FailedLogins, LoginLimits, retry_after
+from .query import SEARCH_BUDGET_S
 from .reading import Service
 from .routes import routes
 
@@ -43,8 +49,12 @@ _SAFE_METHODS = frozenset({"GET", "HEAD"})
 class ConsoleSettings:
     """What the console allows: authentication, a read-only switch, edit-and-replay, where the audit goes.
 
-    ``max_age_s``: how old an archive snapshot may be before a page reads the archive again.
+    ``page_size``: copies listed on the failures page (the groups count them all).
+    ``search_budget_s``: how long a search of a page or of the API's list may take before it stops and says
+    "partial results" (:func:`.query.search`).
     ``logins``: how failed logins slow down the client that makes them (:class:`.logins.LoginLimits`).
+    ``max_age_s`` is ignored (the console keeps an index of the archive, no snapshot to age): it stays so that
+    code passing it still starts.
     """
 
     auth: AuthSettings = field(default_factory=AuthSettings)
@@ -54,6 +64,7 @@ class ConsoleSettings:
     max_age_s: float = 10.0
     management_url: str | None = None
     page_size: int = 100
+    search_budget_s: float = SEARCH_BUDGET_S
     logins: LoginLimits = field(default_factory=LoginLimits)
 
 
@@ -149,6 +160,17 @@ def _folder(name: str) -> str:
     return str(resources.files("kombu_events.console").joinpath(name))
 
 
+@asynccontextmanager
+async def _following(app: Starlette) -> AsyncIterator[None]:
+    """The application's lifespan: the index follows the archive while it runs."""
+    service: Service = app.state.service
+    service.start()
+    try:
+        yield
+    finally:
+        await run_in_threadpool(service.stop)
+
+
 def create_app(events: Any, settings: ConsoleSettings | None = None, *, broker_url: str | None = None) -> Starlette:
     """The console of ``events`` (a :class:`kombu_events.Events`) as an ASGI application.
 
@@ -157,13 +179,12 @@ def create_app(events: Any, settings: ConsoleSettings | None = None, *, broker_u
     there too (give ``settings.auth`` a proxy header when your application authenticates).
     """
     settings = settings or ConsoleSettings()
-    service = Service(events, broker_url=broker_url, max_age_s=settings.max_age_s,
-                      management_url=settings.management_url)
+    service = Service(events, broker_url=broker_url, management_url=settings.management_url)
     audit = AuditLog(settings.audit_path)
     templates = Jinja2Templates(directory=_folder("templates"))
     logins = FailedLogins(settings.logins)
     app = Starlette(routes=[*routes(), Mount("/static", StaticFiles(directory=_folder("static")), name="static")],
-                    middleware=[Middleware(Guard, settings=settings, logins=logins)])
+                    middleware=[Middleware(Guard, settings=settings, logins=logins)], lifespan=_following)
     app.state.service, app.state.settings, app.state.audit = service, settings, audit
     app.state.logins = logins
     app.state.jobs, app.state.templates = Jobs(service, audit), templates

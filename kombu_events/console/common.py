@@ -1,22 +1,26 @@
 """What the console's views share: the service of a request, a rendered page, the error page for a broker
-that cannot be reached or bad input (:func:`guarded`), the selection of archived messages, and the link to
-an event and the route that reads its id (any id: :mod:`.links`)."""
+that cannot be reached or bad input (:func:`guarded`), the selection of archived copies from the index, and
+the link to an event's page and the route that reads its archive key (any key: :mod:`.links`)."""
 from __future__ import annotations
 
-__all__ = ["service_of", "page", "guarded", "selection", "event_url", "id_route", "may_act"]
+__all__ = ["service_of", "page", "guarded", "selection", "action_selection", "event_url", "id_route", "may_act",
+           "ACTION_BUDGET_S"]
 
 import re
-from typing import Any, Callable, Iterable
-from urllib.parse import quote
+from typing import Any, Callable, Collection
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import KombuEventsError
-from ..ops.archive import ArchivedMessage
 from . import links, query as search
-from .reading import Service, Snapshot
+from .entries import Entry
+from .index import IndexView
+from .reading import Busy, Service
+
+#: How long the search that selects what a replay or a purge acts on may take: it must look at every copy.
+ACTION_BUDGET_S = 10.0
 
 
 def service_of(request: Request) -> Service:
@@ -30,20 +34,21 @@ def may_act(request: Request) -> bool:
     return bool(request.state.principal.can_act and not request.app.state.settings.read_only)
 
 
-def event_url(request: Request, message_id: str) -> str:
-    """The path of the page of the archived message ``message_id``, whatever the id holds."""
-    segment = links.id_segment(message_id)
+def event_url(request: Request, key: str) -> str:
+    """The path of the page of the archived copy ``key``, whatever the key holds."""
+    segment = links.id_segment(key)
     if segment is None:
-        return f"{request.url_for('event_by_query').path}?id={quote(message_id, safe='')}"
-    return request.url_for("event", message_id=segment).path
+        return f"{request.url_for('event_by_query').path}?key={links.to_field(key)}"
+    return request.url_for("event", key=segment).path
 
 
 def page(request: Request, template: str, status: int = 200, **context: Any) -> Response:
     """``template`` rendered with ``context`` and what every page shows (who, the service, the settings,
-    whether they may act, how an id goes in a link or a form)."""
+    whether they may act, how a key goes in a link or a form)."""
     context.update(request=request, principal=request.state.principal, service=service_of(request),
                    settings=request.app.state.settings, may_act=may_act(request),
-                   event_url=lambda message_id: event_url(request, message_id), id_field=links.to_field)
+                   event_url=lambda key: event_url(request, key), id_field=links.to_field,
+                   download_url=lambda key: f"{request.url_for('download').path}?key={links.to_field(key)}")
     response: Response = request.app.state.templates.TemplateResponse(request, template, context, status_code=status)
     return response
 
@@ -52,9 +57,12 @@ def trouble(request: Request, exc: Exception) -> Response:
     """A broker that cannot be reached, or bad input: one clear line (no password: safe_url'd by the raiser),
     as JSON to the API."""
     status = 503 if not isinstance(exc, ValueError) else 400
+    headers = {"retry-after": "2"} if isinstance(exc, Busy) else None
     if "/api/" in request.url.path:
-        return JSONResponse({"error": str(exc)}, status)
-    return page(request, "error.html", status, error=str(exc))
+        return JSONResponse({"error": str(exc)}, status, headers=headers)
+    response = page(request, "error.html", status, error=str(exc))
+    response.headers.update(headers or {})
+    return response
 
 
 def guarded(view: Callable[[Request], Any]) -> Callable[[Request], Any]:
@@ -68,16 +76,33 @@ def guarded(view: Callable[[Request], Any]) -> Callable[[Request], Any]:
     return wrapper
 
 
-def selection(snapshot: Snapshot, text: str, before: str | None, ids: Iterable[str] | None = None
-               ) -> list[ArchivedMessage]:
-    """The snapshot's messages the search ``text`` asks for (only ``ids`` if given), archived by ``before``."""
-    query, wanted = search.parse(text), set(ids) if ids is not None else None
-    return [m for m in snapshot.messages if search.matches(query, m)
-            and (wanted is None or m.id in wanted) and (not before or m.archived_at <= before)]
+def selection(view: IndexView, text: str, *, through: int | None = None, keys: Collection[str] | None = None,
+              before: str | None = None, budget_s: float | None,
+              limit: int | None = None) -> search.Found:
+    """The index's copies that the search ``text`` asks for: only ``keys`` if given, at or before offset
+    ``through``, archived by ``before`` (at most ``limit``, within ``budget_s``)."""
+    query = search.parse(text)
+    copies: tuple[Entry, ...] | list[Entry] = view.entries
+    if keys is not None or through is not None or before:
+        wanted = set(keys) if keys is not None else None
+        copies = [e for e in view.entries if (wanted is None or e.key in wanted)
+                  and (through is None or e.offset <= through) and (not before or e.archived_at <= before)]
+    return search.search(copies, query, budget_s=budget_s, limit=limit)
+
+
+def action_selection(view: IndexView, text: str, **options: Any) -> list[Entry]:
+    """What a replay or a purge of the search ``text`` acts on (see :func:`selection`): every copy it asks
+    for, or a ValueError when the search could not look at them all in :data:`ACTION_BUDGET_S`."""
+    found = selection(view, text, budget_s=ACTION_BUDGET_S, **options)
+    if found.partial:
+        raise ValueError(f"the search looked at {found.searched:,} of {found.total:,} archived copies in "
+                         f"{ACTION_BUDGET_S:g} s and stopped: nothing was done. Narrow it (handler:, key:, "
+                         "exception:, group:, since:)")
+    return found.matched
 
 
 def id_route(path: str, endpoint: Callable[..., Any], **options: Any) -> Route:
-    """A Route whose ``{message_id:path}`` takes any id, newlines included.
+    """A Route whose ``{key:path}`` takes any key, newlines included.
 
     Starlette's ``path`` convertor is ``.*`` under ``^...$``: it stops at a newline, and ``$`` also
     matches before a final one, so ``/events/abc%0A`` would show ``abc``. The route's pattern is

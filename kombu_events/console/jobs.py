@@ -1,20 +1,22 @@
 """Replays run as jobs: in a thread of their own, with progress, a rate limit, and a cancel button.
 
-A job replays the ids the operator selected when starting it, through
-:func:`kombu_events.ops.archive.replay` (the ``archive replay`` command's function): copies
-are sent, and their archived originals acked, in AMQP transactions, so both take effect at
-a commit or neither does. Failures archived while the job runs have other ids: they are
-shown, never mixed in. Cancelling stops the selection; what was already sent is committed,
-the rest stays in the archive.
+A job replays the archive keys the operator confirmed when starting it, through
+:func:`kombu_events.ops.archive.replay` (the ``archive replay`` command's function): a window of copies
+is sent with publisher confirms, then settled by one ``replayed`` record, then the next window. Failures
+archived while the job runs have other keys: they are shown, never mixed in. The job's rate limit and its
+Cancel act between windows (a window is the copies of about half a second at the rate asked, at most 200):
+what was settled stays settled, the rest stays in the archive.
 
-A lost connection (the broker restarted) does not end a job: it connects again, a bounded
-number of times, and reads the archive again; what it finds there is exactly what was not
-committed, so nothing is sent twice (docs/console.md says what is guaranteed). One
+A lost connection (the broker restarted) does not end a job: it connects again, a bounded number of
+times (an archive not found meanwhile too: a broker just started takes a moment to bring its streams
+back), and replays what is not settled yet. A window confirmed but not settled when the connection went is
+sent again, under the same message ids, each copy with its archive key in ``kombu-events-replay-of``: a
+``once=True`` handler's inbox drops the second (docs/console.md says what is guaranteed). One
 :class:`~kombu_events.ops.archive.ReplayProgress` counts over every connection.
 """
 from __future__ import annotations
 
-__all__ = ["Job", "Jobs"]
+__all__ = ["Job", "Jobs", "RECOVERABLE"]
 
 import logging
 import threading
@@ -23,20 +25,24 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqp import exceptions as amqp_errors
-
 from ..core.logs import escape_controls, safe_text
-from ..errors import BrokerUnavailableError
-from ..ops.archive import ArchivedMessage, ReplayProgress
+from ..ops.archive import ArchivedMessage, ArchiveMissingError, ReplayProgress
 from .audit import AuditLog, stamp
+from .follower import RECOVERABLE
 from .reading import Service
 
 logger = logging.getLogger(__name__)
 
-#: What a lost or refused connection raises (py-amqp, sockets, the console's own "cannot reach").
-RECOVERABLE = (amqp_errors.ConnectionError, amqp_errors.RecoverableConnectionError, OSError, BrokerUnavailableError)
-
 QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
+#: What a job connects again after: a lost connection, and an archive not found (a broker just started again
+#: takes a moment to bring its streams back: the job's copies were read from that archive moments before).
+RETRIED = (*RECOVERABLE, ArchiveMissingError)
+#: Copies a replay window holds at most (ops.archive.replay's own window).
+MAX_WINDOW = 200
+
+
+class _Cancelled(Exception):
+    """Raised between two windows of a cancelled job: out of the replay, nothing unsettled left behind."""
 
 
 @dataclass
@@ -45,16 +51,16 @@ class Job:
 
     id: str
     actor: str
-    ids: frozenset[str]
+    keys: frozenset[str]
     query: str
     role: str = "operator"
     to_queue: str | None = None
     rate_per_s: float | None = None
-    #: Ids the operator selected that no archived message had when the job started: never sent, reported.
+    #: Keys asked for that no archived copy had when the job started (or when it ran): never sent, reported.
     missing: tuple[str, ...] = ()
     state: str = QUEUED
-    sent: int = 0
-    kept: list[tuple[str, str]] = field(default_factory=list)
+    #: (archive key, message id, why) of each copy kept in the archive.
+    kept: list[tuple[str, str, str]] = field(default_factory=list)
     reconnects: int = 0
     progress: ReplayProgress = field(default_factory=ReplayProgress, repr=False)
     error: str = ""
@@ -64,13 +70,13 @@ class Job:
 
     @property
     def total(self) -> int:
-        """How many messages the job was asked to replay."""
-        return len(self.ids)
+        """How many copies the job was asked to replay."""
+        return len(self.keys)
 
     @property
     def replayed(self) -> int:
-        """Copies committed so far (their originals removed from the archive with them), over every connection."""
-        return self.progress.copies_confirmed
+        """Copies confirmed by the broker and settled so far, over every connection."""
+        return len(self.progress.settled)
 
     @property
     def finished(self) -> bool:
@@ -79,26 +85,32 @@ class Job:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly progress."""
-        return {"id": self.id, "actor": self.actor, "state": self.state, "total": self.total, "sent": self.sent,
-                "replayed": self.replayed, "kept": [{"id": i, "why": w} for i, w in self.kept],
-                "reconnects": self.reconnects, "commits": self.progress.commits,
-                "to_queue": self.to_queue, "rate_per_s": self.rate_per_s, "query": self.query,
-                "missing": list(self.missing), "error": self.error}
+        return {"id": self.id, "actor": self.actor, "state": self.state, "total": self.total,
+                "replayed": self.replayed, "kept": [{"key": k, "id": i, "why": w} for k, i, w in self.kept],
+                "reconnects": self.reconnects, "commits": self.progress.commits, "to_queue": self.to_queue,
+                "rate_per_s": self.rate_per_s, "query": self.query, "missing": list(self.missing),
+                "error": self.error}
 
 
-class _Throttle:
-    """At most ``rate_per_s`` messages a second (None: as fast as the broker confirms)."""
+class _Pace:
+    """Between two windows: at most ``rate_per_s`` copies a second on average, and a stop when cancelled."""
 
-    def __init__(self, rate_per_s: float | None) -> None:
-        self.interval = 1.0 / rate_per_s if rate_per_s else 0.0
-        self.next_at = time.monotonic()
+    def __init__(self, job: Job) -> None:
+        self.job, self.began = job, time.monotonic()
 
-    def wait(self, cancel: threading.Event) -> None:
-        if self.interval:
-            delay = self.next_at - time.monotonic()
-            if delay > 0:
-                cancel.wait(delay)
-            self.next_at = max(self.next_at, time.monotonic()) + self.interval
+    @property
+    def window(self) -> int:
+        """Copies per window: about half a second's worth at the rate asked (all 200 without a rate)."""
+        rate = self.job.rate_per_s
+        return MAX_WINDOW if not rate else max(1, min(MAX_WINDOW, int(rate / 2)))
+
+    def __call__(self) -> None:
+        job = self.job
+        if job.rate_per_s and not job.cancel.is_set():
+            due = self.began + job.replayed / job.rate_per_s
+            job.cancel.wait(max(0.0, due - time.monotonic()))
+        if job.cancel.is_set():
+            raise _Cancelled
 
 
 class Jobs:
@@ -121,67 +133,70 @@ class Jobs:
         """Every job, the newest first."""
         return sorted(self._jobs.values(), key=lambda j: j.started_at, reverse=True)
 
-    def start(self, actor: str, role: str, ids: frozenset[str], query: str, *, to_queue: str | None = None,
+    def start(self, actor: str, role: str, keys: frozenset[str], query: str, *, to_queue: str | None = None,
               rate_per_s: float | None = None, missing: tuple[str, ...] = ()) -> Job:
-        """Start replaying ``ids`` in a thread; the audit trail records it at once. ``missing``: ids asked for
-        that the archive did not have, shown with the job's progress."""
-        job = Job(uuid.uuid4().hex[:12], actor, ids, query, role, to_queue, rate_per_s, missing,
+        """Start replaying the copies of ``keys`` in a thread; the audit trail records it at once. ``missing``:
+        keys asked for that the archive did not have, shown with the job's progress."""
+        job = Job(uuid.uuid4().hex[:12], actor, keys, query, role, to_queue, rate_per_s, missing,
                   started_at=time.time())
+        pace = _Pace(job)
+        job.progress = ReplayProgress()
         with self._lock:
             self._jobs[job.id] = job
         self.audit.record(actor, role, "replay", job.total, job=job.id, query=query, to_queue=to_queue,
                           rate_per_s=rate_per_s, **({"not_found": len(missing)} if missing else {}))
-        threading.Thread(target=self._run, args=(job,), name=f"console-replay-{job.id}", daemon=True).start()
+        threading.Thread(target=self._run, args=(job, pace), name=f"console-replay-{job.id}", daemon=True).start()
         return job
 
     def cancel(self, job: Job, actor: str, role: str) -> None:
-        """Stop selecting more messages; those already sent are committed (copies and acks together)."""
+        """Stop after the window being sent: what was settled stays settled, the rest stays archived."""
         if not job.finished:
             job.cancel.set()
-            self.audit.record(actor, role, "cancel", job.total - job.sent, job=job.id)
+            self.audit.record(actor, role, "cancel", job.total - job.replayed, job=job.id)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, pace: _Pace) -> None:
         job.state = RUNNING
-        throttle = _Throttle(job.rate_per_s)
-        done: set[str] = set()  # ids sent at least once (``sent`` counts each once)
-
-        def chosen(message: ArchivedMessage) -> bool:
-            if job.cancel.is_set() or message.id not in job.ids:
-                return False
-            throttle.wait(job.cancel)
-            if job.cancel.is_set():
-                return False
-            if message.id not in done:
-                done.add(message.id)
-                job.sent += 1
-            return True
-
-        kept: dict[str, str] = {}
+        kept: dict[str, tuple[str, str]] = {}
         try:
-            while True:
-                try:
-                    _, kept_now = self.service.replay(chosen, to_queue=job.to_queue, stamp=stamp(job.actor, job.id),
-                                                      progress=job.progress)
-                    kept.update((m.id, why) for m, why in kept_now)
-                    break
-                except RECOVERABLE as exc:
-                    if job.reconnects >= self.max_reconnects or job.cancel.is_set():
-                        raise
-                    job.reconnects += 1
-                    job.error = safe_text(f"connection lost ({type(exc).__name__}: {exc}); "
-                                          f"connecting again ({job.reconnects} of {self.max_reconnects})")
-                    logger.warning("console replay job %s: %s", job.id, escape_controls(job.error))
-                    job.cancel.wait(min(self.reconnect_delay_s * job.reconnects, 5.0))
-            job.kept = list(kept.items())
-            job.error = ""
-            job.state = CANCELLED if job.cancel.is_set() else DONE
+            self._replay(job, pace, kept)
+            job.state = DONE
+        except _Cancelled:
+            job.state = CANCELLED
         except Exception as exc:  # a thread's exception would vanish: the job shows it instead
             job.error = safe_text(f"{type(exc).__name__}: {exc}")
             job.state = FAILED
             logger.warning("console replay job %s failed: %s", job.id, escape_controls(job.error))
         finally:
+            job.kept = [(key, message_id, why) for key, (message_id, why) in kept.items()]
+            if job.state == DONE:
+                gone = job.keys - job.progress.settled - kept.keys() - set(job.missing)
+                job.missing += tuple(sorted(gone))  # settled by someone else meanwhile, or past retention
             job.finished_at = time.time()
-            self.service.forget()
             self.audit.record(job.actor, job.role, "replay finished", job.replayed, job=job.id, state=job.state,
                               kept=len(job.kept), reconnects=job.reconnects, commits=job.progress.commits,
                               error=job.error or None)
+
+    def _replay(self, job: Job, pace: _Pace, kept: dict[str, tuple[str, str]]) -> None:
+        """``ops.archive.replay`` of the job's keys, again after each lost connection (up to a bound)."""
+        def chosen(message: ArchivedMessage) -> bool:
+            return message.key in job.keys
+
+        while True:
+            try:
+                _, kept_now = self.service.replay(chosen, to_queue=job.to_queue, stamp=stamp(job.actor, job.id),
+                                                  progress=job.progress, window=pace.window,
+                                                  start=self.service.first_offset(job.keys),
+                                                  on_window=lambda _copies: pace())
+                kept.update((m.key, (m.id, why)) for m, why in kept_now)
+                job.error = ""
+                return
+            except RETRIED as exc:
+                if job.cancel.is_set():
+                    raise _Cancelled from exc
+                if job.reconnects >= self.max_reconnects:
+                    raise
+                job.reconnects += 1
+                job.error = safe_text(f"connection lost ({type(exc).__name__}: {exc}); "
+                                      f"connecting again ({job.reconnects} of {self.max_reconnects})")
+                logger.warning("console replay job %s: %s", job.id, escape_controls(job.error))
+                job.cancel.wait(min(self.reconnect_delay_s * job.reconnects, 5.0))

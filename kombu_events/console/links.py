@@ -1,11 +1,12 @@
-"""How an archived message's id travels through the console's links and forms, whatever it holds. Pure.
+"""How an archive key (or a message id) travels through the console's links and forms, whatever it holds. Pure.
 
-An id is whatever its publisher set as ``message_id``: ``/``, ``?``, ``#``, ``%``, spaces, newlines,
-any script. In a link it is one path segment, percent-encoded, ``/`` included, so ``../../audit`` stays
-one segment of ``/events/``; the ids ``.`` and ``..`` go in the query instead (``/events?id=..``),
-since a browser resolves such a segment away, percent-encoded or not. In a form field it is
-percent-encoded too: a browser turns every newline of a field it submits into CRLF, and its HTML parser
-every CR into LF, so an id sent as it is could come back another.
+A worker stamps 20 hex digits as an archive key, but a record written into the archive by anyone else may
+hold anything in that header, as a message id may: ``/``, ``?``, ``#``, ``%``, spaces, newlines, any
+script. In a link it is one path segment, percent-encoded, ``/`` included, so ``../../audit`` stays one
+segment of ``/events/``; ``.`` and ``..`` go in the query instead (``/events?key=..``), since a browser
+resolves such a segment away, percent-encoded or not. In a form field it is percent-encoded too: a
+browser turns every newline of a field it submits into CRLF, and its HTML parser every CR into LF, so a
+value sent as it is could come back another.
 """
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ from urllib.parse import quote, unquote
 _DOT_SEGMENTS = frozenset({".", ".."})
 
 
-def id_segment(message_id: str) -> str | None:
-    """``message_id`` as one path segment, percent-encoded; None for an id that must go in the query."""
-    return None if message_id in _DOT_SEGMENTS else quote(message_id, safe="")
+def id_segment(key: str) -> str | None:
+    """``key`` as one path segment, percent-encoded; None for a key that must go in the query."""
+    return None if key in _DOT_SEGMENTS else quote(key, safe="")
 
 
-def to_field(message_id: str) -> str:
-    """The value of a form field that carries ``message_id`` (read back with :func:`from_field`)."""
-    return quote(message_id, safe="")
+def to_field(key: str) -> str:
+    """The value of a form field (or of a query parameter) that carries ``key`` (read back with
+    :func:`from_field`)."""
+    return quote(key, safe="")
 
 
 def from_field(value: str) -> str:
-    """The id a form field made by :func:`to_field` carries."""
+    """The key a form field made by :func:`to_field` carries."""
     return unquote(value)

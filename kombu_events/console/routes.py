@@ -1,17 +1,19 @@
-"""The console's pages and its JSON API: one function per view, each reading or acting through the
-functions the ``kombu-events`` CLI uses (:mod:`kombu_events.ops.archive`, :mod:`kombu_events.ops.status`).
+"""The console's pages and its JSON API: one function per view, each reading the index of the archive or
+acting through the functions the ``kombu-events`` CLI uses (:mod:`kombu_events.ops.archive`,
+:mod:`kombu_events.ops.status`). Every search and every read of the broker runs off the event loop.
 
-Pages: ``/`` (overview), ``/failures`` (grouped, searchable), ``/events/{id}`` (``/events?id=`` for the
-ids ``.`` and ``..``; any id percent-encoded, :mod:`.links`), ``/replay``
-(POST; a dry run answers with what would be sent where), ``/jobs/{id}``, ``/purge`` (GET: the
-confirmation with scope and count; POST: the purge), ``/audit``; the JSON API is in :mod:`.api`.
+Pages: ``/`` (overview), ``/failures`` (grouped, searchable), ``/events/{key}`` (one archived copy, by its
+archive key; ``/events?key=`` for the keys ``.`` and ``..``, :mod:`.links`; a message id held by one copy
+leads to it), ``/download?key=`` (its whole body, downloaded), ``/replay`` (POST; a dry run answers
+with what would be sent where), ``/jobs/{id}``, ``/purge`` (GET: the confirmation with scope and count;
+POST: the purge), ``/audit``; the actions are in :mod:`.actions`, the JSON API in :mod:`.api`.
 """
 from __future__ import annotations
 
 __all__ = ["routes"]
 
 import logging
-import math
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,13 +22,14 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from . import api, links, query as search
-from .audit import stamp
-from .common import guarded, id_route, page, selection, service_of
+from ..ops.archive import PREVIEW_BYTES
+from . import api, query as search
+from .actions import cancel, edit, job, purge_page, replay
+from .common import event_url, guarded, id_route, page, selection, service_of
+from .entries import Entry
 from .views import event_view, overview_rows
 
 logger = logging.getLogger(__name__)
-
 
 def _iso(epoch_s: float | None = None) -> str:
     """A time as the archive writes ``archived-at`` (ISO 8601, UTC, milliseconds): comparable as text."""
@@ -34,28 +37,22 @@ def _iso(epoch_s: float | None = None) -> str:
     return when.isoformat(timespec="milliseconds")
 
 
-def _rate(text: str) -> float | None:
-    """The replay form's rate limit: messages a second (empty or 0: no limit)."""
-    if not text.strip() or text.strip() == "0":
-        return None
-    try:
-        rate = float(text)
-    except ValueError:
-        rate = math.nan
-    if not (math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate must be a number of messages a second above 0 (empty: no limit), got {text!r}")
-    return rate
-
-
 # -- pages -----------------------------------------------------------------------------------------------
 
 @guarded
 async def overview(request: Request) -> Response:
-    """Every queue of the service: depth, unacked, consumers, state; the archive against its bounds."""
+    """Every queue of the service: depth, unacked, consumers, state; the archive's copies and retention."""
     service = service_of(request)
     rows = overview_rows(await run_in_threadpool(service.status), service.topology.settings)
     template = "_overview_table.html" if request.query_params.get("fragment") else "overview.html"
     return page(request, template, rows=rows, read_at=_iso())
+
+
+def _failures(service: Any, text: str, by: str, budget_s: float) -> tuple[Any, search.Found, list[search.Group]]:
+    view = service.view()
+    with service.searching:
+        found = selection(view, text, budget_s=budget_s)
+    return view, found, search.group(found.matched, by)
 
 
 @guarded
@@ -65,119 +62,79 @@ async def failures(request: Request) -> Response:
     text, by = request.query_params.get("q", ""), request.query_params.get("by", "exception")
     if by not in search.GROUPINGS:
         by = "exception"
-    snapshot = await run_in_threadpool(service.snapshot, fresh=bool(request.query_params.get("fresh")))
-    found = selection(snapshot, text, None)
-    return page(request, "failures.html", q=text, by=by, groups=search.group(found, by), found=found,
-                 shown=found[:settings.page_size], snapshot=snapshot, total=len(snapshot.messages),
-                 before=_iso(snapshot.taken_at),
-                 handler_queues=[q.name for q in service.topology.handler_queues], jobs=request.app.state.jobs.all())
+    search.parse(text)  # a search too long is a 400 at once
+    view, found, groups = await run_in_threadpool(_failures, service, text, by, settings.search_budget_s)
+    return page(request, "failures.html", q=text, by=by, groups=groups, found=found,
+                shown=found.matched[:settings.page_size], index=view, total=len(view.entries),
+                handler_queues=[q.name for q in service.topology.handler_queues], jobs=request.app.state.jobs.all())
+
+
+async def _not_archived(request: Request, key: str) -> Response:
+    """The page of a key the index does not hold: settled (how, by whom), a message id (its copies), or not
+    read yet (the index is catching up), or unknown."""
+    service = service_of(request)
+    settled = service.index.settlement(key)
+    if settled is not None:
+        return page(request, "error.html", 404, error=f"no archived copy with key {key!r} any more: it was "
+                                                      f"{settled.action} by {settled.by or '?'} at {settled.at}")
+    copies = await run_in_threadpool(service.with_id, key)
+    if len(copies) == 1:
+        return RedirectResponse(event_url(request, copies[0].key), status_code=303)
+    if copies:
+        return page(request, "error.html", 300, copies=copies,
+                    error=f"{len(copies)} archived copies have the message id {key!r}: each has a page of its own")
+    view = service.index.view()
+    if not view.caught_up:
+        return page(request, "error.html", 503, error=f"no archived copy with key {key!r} read yet: the console "
+                                                      f"is still reading the archive ({view.records:,} records "
+                                                      "so far); try again in a moment")
+    return page(request, "error.html", 404, error=f"no archived copy with key {key!r} (replayed or purged "
+                                                  "since, or mistyped)")
+
+
+def _key_of(request: Request) -> str:
+    key = request.path_params.get("key", request.query_params.get("key", request.query_params.get("id")))
+    if key is None:
+        raise ValueError("which event? /events/KEY, or /events?key=KEY")
+    return str(key)
 
 
 @guarded
 async def event(request: Request) -> Response:
-    """One archived message: properties, headers, body, traceback, attempts."""
-    service = service_of(request)
-    message_id = request.path_params.get("message_id", request.query_params.get("id"))
-    if message_id is None:
-        raise ValueError("which event? /events/ID, or /events?id=ID")
-    message = (await run_in_threadpool(service.snapshot)).by_id(message_id) \
-        or (await run_in_threadpool(service.snapshot, fresh=True)).by_id(message_id)
+    """One archived copy: the failure, traceback, properties, headers, a preview of its body (read at its
+    offset), and a link to download the whole body."""
+    service, key = service_of(request), _key_of(request)
+    entry = await run_in_threadpool(service.entry, key)
+    if entry is None:
+        return await _not_archived(request, key)
+    message = await run_in_threadpool(lambda: service.read(entry, body_limit=PREVIEW_BYTES))
     if message is None:
-        return page(request, "error.html", 404, error=f"no archived message with id {message_id!r} "
-                                                       "(replayed or purged since?)")
-    return page(request, "event.html", m=message, view=event_view(message))
+        return page(request, "error.html", 404, error=f"the copy {key!r} left the archive stream (retention)")
+    return page(request, "event.html", m=message, entry=entry, view=event_view(message))
+
+
+def _filename(entry: Entry) -> str:
+    kind = "json" if entry.content_type.endswith("json") else "txt" if entry.content_type.startswith("text/") \
+        else "bin"
+    return f"{re.sub(r'[^A-Za-z0-9@_-]', '_', entry.key)[:64]}.{kind}"
 
 
 @guarded
-async def replay(request: Request) -> Response:
-    """Replay the selected messages, a group or all matching: a dry run, or a job (POST)."""
-    form = await request.form()
-    text, before = str(form.get("q", "")), str(form.get("before", "")) or None
-    scope = form.get("scope")
-    if scope not in ("matching", "selected"):
-        raise ValueError(f"scope must be 'matching' (all the search matches) or 'selected' (the ids sent), "
-                         f"got {scope!r}")
-    ids = [links.from_field(str(i)) for i in form.getlist("id")] if scope == "selected" else None
-    to_queue = str(form.get("to_queue", "")) or None
-    rate = _rate(str(form.get("rate") or ""))
-    service = service_of(request)
-    if to_queue is not None and to_queue not in {q.name for q in service.topology.handler_queues}:
-        raise ValueError(f"{to_queue!r} is not a handler queue of service {service.name}")
-    chosen = selection(await run_in_threadpool(service.snapshot, fresh=True), text, before, ids)
-    found = {m.id for m in chosen}
-    missing = tuple(i for i in dict.fromkeys(ids or ()) if i not in found)  # selected ids the archive lacks
-    if form.get("dry_run"):
-        plan = [(m, to_queue or m.queue) for m in chosen]
-        return page(request, "dry_run.html", plan=plan, q=text, to_queue=to_queue, rate=rate, missing=missing)
-    principal = request.state.principal
-    job = request.app.state.jobs.start(principal.name, principal.role, frozenset(found), text,
-                                       to_queue=to_queue, rate_per_s=rate, missing=missing)
-    return RedirectResponse(request.url_for("job", job_id=job.id).path, status_code=303)
-
-
-@guarded
-async def edit(request: Request) -> Response:
-    """Edit-and-replay one event (POST; only when the console was started with it enabled): the
-    edited body goes to the event's queue under a new message id, the original's in a header."""
-    service, principal = service_of(request), request.state.principal
-    if not request.app.state.settings.allow_edit:
-        return page(request, "error.html", 403, error="edit-and-replay is off (start the console with "
-                                                       "--allow-edit to turn it on)")
-    form = await request.form()
-    message_id = request.path_params.get("message_id")
-    if message_id is None:
-        if not form.get("id"):
-            raise ValueError("which event? the form sends its id in the field 'id'")
-        message_id = links.from_field(str(form.get("id")))
-    body = str(form.get("body", "")).encode("utf-8")
-    job_id = "edit-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    replayed, kept = await run_in_threadpool(lambda: service.replay(
-        lambda m: m.id == message_id, 1, stamp=stamp(principal.name, job_id), edits={message_id: body}))
-    request.app.state.audit.record(principal.name, principal.role, "edit and replay", len(replayed),
-                                   job=job_id, original=message_id, kept=len(kept))
-    if not replayed:
-        why = kept[0][1] if kept else "not in the archive any more"
-        return page(request, "error.html", 409, error=f"{message_id}: nothing replayed ({why})")
-    return page(request, "purged.html", count=1, q="", edited=message_id)
-
-
-async def job(request: Request) -> Response:
-    """A replay job's progress (``?fragment=1``: the part the page refreshes)."""
-    found = request.app.state.jobs.get(request.path_params["job_id"])
-    if found is None:
-        return page(request, "error.html", 404, error="no such job (jobs are kept until the console restarts)")
-    template = "_job_progress.html" if request.query_params.get("fragment") else "job.html"
-    return page(request, template, job=found)
-
-
-async def cancel(request: Request) -> Response:
-    """Cancel a replay job (POST): nothing more is selected; what was sent is committed."""
-    jobs = request.app.state.jobs
-    found = jobs.get(request.path_params["job_id"])
-    if found is not None:
-        jobs.cancel(found, request.state.principal.name, request.state.principal.role)
-    return RedirectResponse(request.url_for("job", job_id=request.path_params["job_id"]).path, status_code=303)
-
-
-@guarded
-async def purge_page(request: Request) -> Response:
-    """GET: the confirmation, stating scope and count; POST: purge exactly what was confirmed."""
-    service = service_of(request)
-    params: Any = await request.form() if request.method == "POST" else request.query_params
-    text, before = str(params.get("q", "")), str(params.get("before", "")) or _iso()
-    chosen = selection(await run_in_threadpool(service.snapshot, fresh=True), text, before)
-    changed = request.method == "POST" and str(params.get("count")) != str(len(chosen))
-    if request.method == "GET" or changed:
-        return page(request, "purge.html", q=text, before=before, count=len(chosen), changed=changed,
-                     queues=sorted({m.queue for m in chosen}))
-    removed = await run_in_threadpool(service.purge, {m.id for m in chosen})
-    principal = request.state.principal
-    request.app.state.audit.record(principal.name, principal.role, "purge", len(removed), query=text, before=before)
-    return page(request, "purged.html", count=len(removed), q=text)
+async def body(request: Request) -> Response:
+    """The whole body of one archived copy, as a download (read at its offset when asked, never kept)."""
+    service, key = service_of(request), _key_of(request)
+    entry = await run_in_threadpool(service.entry, key)
+    if entry is None:
+        return await _not_archived(request, key)
+    message = await run_in_threadpool(lambda: service.read(entry, body_limit=None))
+    if message is None:
+        return page(request, "error.html", 404, error=f"the copy {key!r} left the archive stream (retention)")
+    return Response(message.body, media_type="application/octet-stream",
+                    headers={"content-disposition": f'attachment; filename="{_filename(entry)}"'})
 
 
 async def audit(request: Request) -> Response:
-    """The audit trail: who did what, when, to how many messages."""
+    """The audit trail: who did what, when, to how many archived copies."""
     return page(request, "audit.html", entries=request.app.state.audit.recent())
 
 
@@ -186,9 +143,10 @@ def routes() -> list[Route]:
     return [
         Route("/", overview, name="overview"),
         Route("/failures", failures, name="failures"),
-        id_route("/events/{message_id:path}/edit", edit, methods=["POST"], name="edit"),
+        id_route("/events/{key:path}/edit", edit, methods=["POST"], name="edit"),
         Route("/edit", edit, methods=["POST"], name="edit_form"),
-        id_route("/events/{message_id:path}", event, name="event"),
+        Route("/download", body, name="download"),
+        id_route("/events/{key:path}", event, name="event"),
         Route("/events", event, name="event_by_query"),
         Route("/replay", replay, methods=["POST"], name="replay"),
         Route("/jobs/{job_id}", job, name="job"),

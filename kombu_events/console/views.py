@@ -3,7 +3,7 @@ sections (body as pretty JSON, text or hex; the failure's record). Pure: no brok
 """
 from __future__ import annotations
 
-__all__ = ["OverviewRow", "overview_rows", "EventView", "event_view", "body_view"]
+__all__ = ["OverviewRow", "overview_rows", "EventView", "event_view", "body_view", "retention"]
 
 import json
 from dataclasses import dataclass
@@ -11,9 +11,6 @@ from typing import Any, Iterable, Protocol
 
 from ..core import headers as wire
 from ..core.config import Settings
-
-#: An archive this full (ready messages against ``x-max-length``) is flagged: the oldest go first when full.
-NEARLY_FULL = 0.8
 
 
 class _Counts(Protocol):
@@ -40,34 +37,40 @@ class OverviewRow:
     alert: str
 
 
-def _bound(settings: Settings) -> str:
+def _size(n_bytes: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:g} {unit}"
+    return f"{n_bytes} bytes"
+
+
+def retention(settings: Settings) -> str:
+    """How long the archive stream keeps a record, by age and by size (whole segments go, the oldest first)."""
     parts = []
-    if settings.archive_max_length:
-        parts.append(f"at most {settings.archive_max_length:,} messages")
     if settings.archive_ttl_ms:
-        parts.append(f"kept {settings.archive_ttl_ms / 3_600_000:g} h")
-    return ", ".join(parts) or "unbounded"
+        parts.append(f"{settings.archive_ttl_ms / 3_600_000:g} h (archive_ttl_ms)")
+    if settings.archive_max_bytes:
+        parts.append(f"{_size(settings.archive_max_bytes)} in all (archive_max_bytes)")
+    return "kept at most " + " and ".join(parts) if parts else "kept for ever (no retention set)"
 
 
-def _alert(row: _Counts, settings: Settings) -> str:
+def _alert(row: _Counts) -> str:
     if not row.exists:
         return "missing: declare the topology (kombu-events declare)"
     if row.role == "handler" and not row.consumers:
         return "no consumer: no worker runs, or its circuit is open (the queue is paused)"
-    if row.role == "archive" and settings.archive_max_length and row.ready is not None \
-            and row.ready >= NEARLY_FULL * settings.archive_max_length:
-        return f"nearly full: {row.ready:,} of {settings.archive_max_length:,}; the oldest are dropped when full"
     return ""
 
 
 def overview_rows(statuses: Iterable[_Counts], settings: Settings) -> list[OverviewRow]:
-    """Handler queues, the archive and the delay ladder (in that order), each with its alert."""
+    """Handler queues, the archive (its copies still archived, and its retention) and the delay ladder (in
+    that order), each with its alert."""
     order = {"handler": 0, "schedule": 0, "archive": 1, "delay": 2}
     rows = []
     for s in sorted(statuses, key=lambda s: order.get(s.role, 3)):
         state = s.state or ("missing" if not s.exists else "")
         rows.append(OverviewRow(s.queue, s.role, s.ready, s.unacked, s.consumers, state,
-                                _bound(settings) if s.role == "archive" else "", _alert(s, settings)))
+                                retention(settings) if s.role == "archive" else "", _alert(s)))
     return rows
 
 

@@ -74,9 +74,9 @@ def parse_settlement(headers: Mapping[str, Any], body: bytes, offset: int) -> Se
     try:
         data = json.loads(body)
         keys = tuple(str(k) for k in data.get("keys", ()))
+        detail = {str(k): str(v) for k, v in dict(data.get("detail") or {}).items()}
         return Settlement(str(data.get("action", action)), keys, str(data.get("by", "")), str(data.get("at", "")),
-                          str(data.get("note", "")), {str(k): str(v) for k, v in dict(data.get("detail") or {}).items()},
-                          offset, len(body))
+                          str(data.get("note", "")), detail, offset, len(body))
     except (ValueError, TypeError, AttributeError):
         return Settlement(str(action), (), "", "", "unreadable settlement record", {}, offset, len(body))
 

@@ -11,7 +11,8 @@ __all__ = [
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
-    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "PACKED_HEADERS", "new_archive_key", "as_sent", "Undecoded",
+    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "PACKED_HEADERS",
+    "new_archive_key", "as_sent", "Undecoded",
 ]
 
 import uuid

@@ -20,8 +20,8 @@ good (docs/failures.md).
 from __future__ import annotations
 
 __all__ = ["ArchivedMessage", "ReplayProgress", "LegacyArchiveError", "ArchiveMissingError", "PREVIEW_BYTES",
-           "records", "view", "read", "ArchiveCounter", "archived_count", "browse", "replay", "purge", "purge_all", "settle", "message_key", "ORIGINAL_ID",
-           "KEY_PREFIX_UNSTAMPED"]
+           "records", "parse_record", "view", "read", "ArchiveCounter", "archived_count", "browse", "replay",
+           "purge", "purge_all", "settle", "message_key", "ORIGINAL_ID", "KEY_PREFIX_UNSTAMPED"]
 
 import hashlib
 import logging
@@ -36,8 +36,7 @@ from amqp.exceptions import NotFound
 from ..broker import stream_headers, streams
 from ..broker.confirms import Confirmer
 from ..broker.declare import close_quietly, peek_queue
-from ..core import archive_records as records_
-from ..core import headers as wire
+from ..core import archive_records as records_, headers as wire
 from ..core.archive_records import Fold, Settlement
 from ..core.topology import Topology
 from ..errors import KombuEventsError
@@ -85,6 +84,8 @@ class ArchivedMessage:
     size: int
     #: Bytes of the header table as stored (packed, with the library's own in the clear).
     stored_header_bytes: int = 0
+    #: Read for a listing: no ``headers``, ``properties`` but the message id, no ``traceback`` (see :func:`view`).
+    partial: bool = False
 
     @property
     def truncated(self) -> bool:
@@ -112,39 +113,49 @@ def message_key(properties: Mapping[str, Any], body: bytes, headers: Mapping[str
     return f"sha1:{digest[:16]}"
 
 
-def _parse(offset: int, msg: Any, body_limit: int | None) -> ArchivedMessage | Settlement:
+def parse_record(offset: int, msg: Any, body_limit: int | None = None, full: bool = True,
+                 ) -> ArchivedMessage | Settlement:
+    """One record read from the archive stream at ``offset``: an archived copy or a settlement (see
+    :func:`records` for ``body_limit`` and ``full``)."""
     body = streams.body_of(msg)
     stored = msg.properties.get("application_headers") or {}
     if records_.is_settlement(stored):
         settlement = records_.parse_settlement(stored, body, offset)
         if settlement is not None:
             return settlement
-    h = stream_headers.unpack({k: v for k, v in stored.items() if not k.startswith("x-stream")})
+    plain = {k: v for k, v in stored.items() if not k.startswith("x-stream")}
+    h = stream_headers.unpack(plain) if full else plain
     key = h.get(wire.ARCHIVE_KEY)
-    properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
-    properties["application_headers"] = h
+    if full or stream_headers.PACKED not in plain:
+        properties = {k: v for k, v in msg.properties.items() if k != "application_headers"}
+        properties["application_headers"] = h
+    else:  # partial: what a listing shows, a few hundred bytes a copy
+        properties = {"message_id": msg.properties.get("message_id")}
     return ArchivedMessage(
         key=str(key) if key else f"{KEY_PREFIX_UNSTAMPED}{offset}", offset=offset,
         id=message_key(properties, body, h), queue=str(h.get(wire.QUEUE, "")),
         routing_key=str(h.get(wire.ROUTING_KEY, msg.delivery_info.get("routing_key", ""))),
         reason=str(h.get(wire.REASON, "")), attempts=h.get(wire.ATTEMPTS), archived_at=str(h.get(wire.ARCHIVED_AT, "")),
         exception=str(h.get(wire.EXCEPTION, "")), traceback=str(h.get(wire.TRACEBACK, "")),
-        headers=h, properties=properties, body=body if body_limit is None else body[:body_limit], size=len(body),
+        headers=h if properties.get("application_headers") is h else {}, properties=properties,
+        body=body if body_limit is None else body[:body_limit], size=len(body),
         stored_header_bytes=sum(len(str(k)) + len(v if isinstance(v, (str, bytes)) else str(v))
-                                for k, v in stored.items()))
+                                for k, v in stored.items()),
+        partial=not full and stream_headers.PACKED in plain)
 
 
 def records(connection: Any, topology: Topology, *, start: int | str = "first", body_limit: int | None = None,
-            ) -> Iterator[ArchivedMessage | Settlement]:
+            full: bool = True) -> Iterator[ArchivedMessage | Settlement]:
     """Every record of the archive from ``start`` to its end when the read began, in order: archived copies
-    (``body_limit``: their first bytes only) and settlements. A read changes nothing in the archive.
+    (``body_limit``: their first bytes only; ``full=False``: the library's own headers only, nothing unpacked)
+    and settlements. A read changes nothing in the archive.
 
     Raises ArchiveMissingError for an archive not declared, LegacyArchiveError for one that is not a stream.
     """
     queue = topology.archive_exchange
     try:
         for offset, msg in streams.read(connection, queue, start=start):
-            yield _parse(offset, msg, body_limit)
+            yield parse_record(offset, msg, body_limit, full)
     except NotFound as exc:
         raise ArchiveMissingError(f"the archive {queue!r} does not exist on the broker: declare the topology "
                                   "(`kombu-events declare`, or start a worker)") from exc
@@ -156,10 +167,11 @@ def records(connection: Any, topology: Topology, *, start: int | str = "first", 
 
 
 def view(connection: Any, topology: Topology, *, body_limit: int | None = PREVIEW_BYTES,
-         start: int | str = "first") -> Fold[ArchivedMessage]:
-    """The whole archive folded: copies by key, settlements applied (``pending()``: what is still archived)."""
+         start: int | str = "first", full: bool = True) -> Fold[ArchivedMessage]:
+    """The whole archive folded: copies by key, settlements applied (``pending()``: what is still archived).
+    ``full=False``: each copy with the library's headers only (``partial``), for a listing or a selection."""
     fold: Fold[ArchivedMessage] = Fold()
-    for record in records(connection, topology, start=start, body_limit=body_limit):
+    for record in records(connection, topology, start=start, body_limit=body_limit, full=full):
         if isinstance(record, Settlement):
             fold.settle(record)
         else:
@@ -169,10 +181,12 @@ def view(connection: Any, topology: Topology, *, body_limit: int | None = PREVIE
 
 def read(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] = lambda m: True,
          limit: int | None = None, *, bodies: bool = True) -> list[ArchivedMessage]:
-    """The archived copies still archived that ``match`` (at most ``limit``, oldest first), with their whole
-    bodies (``bodies=False``: the first :data:`PREVIEW_BYTES`). ``match`` sees no body with ``bodies=True``
-    (the selection holds none), the preview without. Changes nothing."""
-    chosen = _select(view(connection, topology, body_limit=PREVIEW_BYTES if bodies is False else 0), match, limit)
+    """The archived copies still archived that ``match`` (at most ``limit``, oldest first), whole: body, every
+    header, traceback (``bodies=False``: ``partial`` ones, the first :data:`PREVIEW_BYTES` of the body and the
+    library's own headers, as a listing needs). ``match`` sees a partial copy (no body with ``bodies=True``).
+    Changes nothing."""
+    chosen = _select(view(connection, topology, body_limit=PREVIEW_BYTES if bodies is False else 0, full=False),
+                     match, limit)
     if not bodies or not chosen:
         return chosen
     return list(_whole(connection, topology, chosen))
@@ -199,7 +213,7 @@ def _select(fold: Fold[ArchivedMessage], match: Callable[[ArchivedMessage], bool
 def _whole(connection: Any, topology: Topology, chosen: list[ArchivedMessage]) -> Iterator[ArchivedMessage]:
     """``chosen`` (previews, in stream order) read again whole, from the first one's offset, one at a time."""
     wanted = {m.key: m for m in chosen}
-    if all(not m.truncated for m in chosen):
+    if all(not (m.truncated or m.partial) for m in chosen):
         yield from chosen
         return
     for record in records(connection, topology, start=min(m.offset for m in chosen)):
@@ -208,8 +222,7 @@ def _whole(connection: Any, topology: Topology, chosen: list[ArchivedMessage]) -
             del wanted[record.key]
             if not wanted:
                 return
-    for message in wanted.values():  # gone meanwhile (retention): its preview is all there is
-        yield message
+    yield from wanted.values()  # gone meanwhile (retention): its preview is all there is
 
 
 class ArchiveCounter:
@@ -232,7 +245,7 @@ class ArchiveCounter:
         if first is not None and first > self.next_offset:
             self.next_offset = first  # retention removed what was not read yet
         start = self.next_offset
-        for record in records(connection, self.topology, start=start, body_limit=0):
+        for record in records(connection, self.topology, start=start, body_limit=0, full=False):
             self.next_offset = max(self.next_offset, record.offset + 1)
             if record.offset < start:
                 continue  # read again from the start of a chunk
@@ -285,13 +298,18 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
            limit: int | None = None, *, to_queue: str | None = None, stamp: Mapping[str, Any] | None = None,
            edits: Mapping[str, bytes] | None = None, progress: ReplayProgress | None = None,
            by: str | None = None, window: int = _REPLAY_WINDOW, confirm_timeout_s: float = 30.0,
-           match_body: int = 0) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
+           match_body: int = 0, start: int | str = "first",
+           on_window: Callable[[list[ArchivedMessage]], Any] | None = None,
+           ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
     """Replay the archived copies that ``match`` (at most ``limit``) to their queues; (replayed, [(kept, why)]).
 
     ``to_queue``: every copy to this handler queue instead; ``stamp``: headers added to every copy (the
     console's audit trail); ``edits``: archive key -> the body its copy carries instead, under a message id
     derived from the key and that body, the original's id in the ``kombu-events-original-id`` header;
-    ``match_body``: how many bytes of each body ``match`` sees (none by default: the selection holds no body).
+    ``match_body``: how many bytes of each body ``match`` sees (none by default: the selection holds no body);
+    ``start``: the offset to read from (the smallest of the copies wanted: a settlement always comes after the
+    copies it names, so nothing before it can matter); ``on_window``: called with each window's copies once
+    they are settled (a caller's moment to keep to a rate, or to stop by raising).
 
     Each copy goes to its queue through the service's delivery exchange, mandatory, with publisher
     confirms; a window of copies confirmed is settled by one ``replayed`` record, itself confirmed, before
@@ -299,7 +317,7 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
     A lost connection raises (py-amqp's or the socket's error): what was confirmed and not settled is sent
     again by the next replay, under the same message id (see the module). Nothing leaves the archive.
     """
-    chosen = _select(view(connection, topology, body_limit=match_body), match, limit)
+    chosen = _select(view(connection, topology, body_limit=match_body, full=False, start=start), match, limit)
     if progress is not None:
         chosen = [m for m in chosen if m.key not in progress.settled]
     replayed: list[ArchivedMessage] = []
@@ -318,7 +336,7 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
             kept.append((message, reason))
     if not sendable:
         return replayed, kept
-    sender = _Sender(connection, topology, to_queue, dict(stamp or {}), edits, by, confirm_timeout_s)
+    sender = _Sender(connection, topology, to_queue, dict(stamp or {}), edits, by, confirm_timeout_s, on_window)
     try:
         batch: list[ArchivedMessage] = []
         for message in _whole(connection, topology, sendable):
@@ -347,8 +365,10 @@ class _Sender:
     """Publishes replayed copies and settlement records on one confirm channel."""
 
     def __init__(self, connection: Any, topology: Topology, to_queue: str | None, stamp: dict[str, Any],
-                 edits: Mapping[str, bytes] | None, by: str | None, timeout_s: float) -> None:
+                 edits: Mapping[str, bytes] | None, by: str | None, timeout_s: float,
+                 on_window: Callable[[list[ArchivedMessage]], Any] | None = None) -> None:
         self.topology, self.to_queue, self.stamp, self.edits = topology, to_queue, stamp, edits
+        self.on_window = on_window
         self.userid = getattr(connection, "userid", None)
         self.by = by or self.userid or ""
         self.timeout_s = timeout_s
@@ -403,9 +423,11 @@ class _Sender:
             progress.settled.update(keys)
         logger.info("kombu-events: replayed %d archived cop%s of %s (settled by %s)", len(keys),
                     "y" if len(keys) == 1 else "ies", self.topology.settings.service, self.by or "?")
+        if self.on_window is not None:
+            self.on_window([m for m, _ in confirmed])
 
     def _wait(self, what: str) -> None:
-        self.confirmer.wait(timeout_s=self.timeout_s)
+        self.confirmer.wait(timeout_s=self.timeout_s, reraise=True)  # a lost connection raises as itself
         if self.confirmer.pending:
             raise KombuEventsError(f"the broker confirmed none of {what} in {self.timeout_s:g} s "
                                    f"({self.confirmer.pending} waiting); nothing was settled")
@@ -413,15 +435,15 @@ class _Sender:
 
 def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
           limit: int | None = None, *, by: str | None = None, note: str = "", match_body: int = 0,
-          ) -> list[ArchivedMessage]:
+          start: int | str = "first") -> list[ArchivedMessage]:
     """Settle the archived copies that ``match`` (the first ``limit``) as purged; return them.
 
     They are no longer listed by any reader; they stay in the stream until retention removes their segment
     (:func:`kombu_events.ops.archive_rewrite.rewrite` removes them for good). The records are confirmed
     before this returns; each names its keys, who purged and when (the audit of the purge). ``match`` sees
-    the first ``match_body`` bytes of each body (none by default).
+    the first ``match_body`` bytes of each body (none by default); ``start``: as for :func:`replay`.
     """
-    chosen = _select(view(connection, topology, body_limit=match_body), match, limit)
+    chosen = _select(view(connection, topology, body_limit=match_body, full=False, start=start), match, limit)
     settle(connection, topology, records_.PURGED, [m.key for m in chosen], by=by, note=note)
     return chosen
 

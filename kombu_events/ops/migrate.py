@@ -356,7 +356,7 @@ def archive_steps(archive: str, state: ArchiveState) -> list[Step]:
     if state.kind != "stream":
         steps.append(Step("declare-stream", archive))
     back = hold.messages + (state.messages if state.kind == "queue" else 0)
-    return steps + [Step("fill", archive, source=hold.name, messages=back), Step("delete", hold.name)]
+    return [*steps, Step("fill", archive, source=hold.name, messages=back), Step("delete", hold.name)]
 
 
 def observe_archive(connection: Any, archive: str) -> ArchiveState:

@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, NamedTuple
 
 from ..broker.declare import peek_queues
-from .archive import LegacyArchiveError, archived_count
 from ..core import names
 from ..core.config import management_base_url
 from ..core.logs import safe_url
 from ..core.topology import Topology
+from .archive import LegacyArchiveError, archived_count
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +74,12 @@ def _management(connection: Any, queue: str, base_url: str) -> dict[str, Any] | 
         return None
 
 
-def gather(connection: Any, topology: Topology, management_url: str | None = None) -> list[QueueStatus]:
+def gather(connection: Any, topology: Topology, management_url: str | None = None, *,
+           archived: int | None = None) -> list[QueueStatus]:
     """Status of every queue of ``topology`` (AMQP counts; unacked from the management API at
-    ``management_url``, else at the service's ``management_url`` setting, else on the broker's host)."""
+    ``management_url``, else at the service's ``management_url`` setting, else on the broker's host). The
+    archive's copies are counted by reading the stream, unless the caller knows them (``archived``: the
+    console's index)."""
     management_url = management_base_url(management_url or topology.settings.management_url, connection.hostname)
     counts = peek_queues(connection, [q.name for q in topology.queues])
     found = []
@@ -88,7 +91,8 @@ def gather(connection: Any, topology: Topology, management_url: str | None = Non
             found.append(QueueStatus(name, role, None, None, None, exists=False))
             continue
         if role == "archive":  # a stream: its copies are counted by reading it (a read changes nothing)
-            found.append(_archive_status(connection, topology, read))
+            found.append(_archive_status(connection, topology, read) if archived is None
+                         else QueueStatus(name, role, archived, 0, read.consumers))
             continue
         api = _management(connection, name, management_url) if use_api else None
         use_api = api is not None

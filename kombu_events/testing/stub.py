@@ -29,8 +29,7 @@ from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from .. import registry, signals
-from ..core import archive_records, decision
-from ..core import headers as wire
+from ..core import archive_records, decision, headers as wire
 from ..core.codec import JSON
 from ..core.contracts import outgoing
 from ..core.delivery import Delivery, read_delivery

@@ -25,8 +25,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .. import registry
 from ..broker.confirms import RETURNED
-from ..core import archive_records, names
-from ..core import headers as wire
+from ..core import archive_records, headers as wire, names
 from ..core.archive_records import Fold, Settlement
 from ..core.topology import Topology
 from ..errors import KombuEventsError, PublishError, UnroutableError

@@ -35,9 +35,9 @@ from celery.exceptions import WorkerShutdown
 from kombu import Consumer
 
 from ..broker import verify
-from ..broker.stream_headers import pack
 from ..broker.confirms import Confirmer
 from ..broker.declare import declare
+from ..broker.stream_headers import pack
 from ..broker.version import QUORUM_QUEUES, require
 from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core import decision

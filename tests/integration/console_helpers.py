@@ -1,4 +1,5 @@
-"""Helpers of the console's integration tests: a service of its own, an archive seeded directly, a console."""
+"""Helpers of the console's integration tests: a service of its own, an archive (a stream) seeded directly as a
+worker archives, and what the stream holds, read by offset (a read changes nothing)."""
 from __future__ import annotations
 
 import base64
@@ -11,6 +12,8 @@ from kombu import Connection
 from kombu_events import Events
 from kombu_events.broker.declare import declare
 from kombu_events.core import headers as wire
+from kombu_events.core.archive_records import Settlement
+from kombu_events.ops.archive import ArchivedMessage, read, records
 
 from ..brokers import HOST, PORT
 from .harness import delete_service, unique
@@ -28,25 +31,30 @@ class Seeded:
             self.events.handler(f"{name}.#", name=name)(lambda event: None)
         with Connection(broker_url) as conn:
             declare(self.events.topology(), conn)
+        #: The archive key of each copy archived by :meth:`archive`, by message id (the last copy of an id).
+        self.key_of: dict[str, str] = {}
 
     def queue(self, name: str) -> str:
         return f"{self.service}.{name}"
 
-    def archive(self, messages: list[tuple[str, str, str, bytes]], *, confirm: bool = True) -> list[str]:
-        """Archive (handler, routing key, exception, body) messages as the worker would; their ids.
+    def archive(self, messages: list[tuple[str, str, str, bytes]], *, confirm: bool = True,
+                ids: list[str] | None = None) -> list[str]:
+        """Archive (handler, routing key, exception, body) messages as the worker would, each copy with an
+        archive key of its own (:attr:`key_of`); their message ids (``ids``: these, else unique ones).
 
-        ``confirm=False`` (a benchmark's thousands): no wait per message; the caller waits for the depth.
+        ``confirm=False`` (a benchmark's thousands): no wait per message; the caller waits for the stream.
         """
-        ids = []
+        given, ids = ids, []
         conn = amqp.Connection(_host(self.broker_url), userid="guest", password="guest", confirm_publish=confirm)
         conn.connect()
         try:
             channel = conn.channel()
-            for handler, key, exception, body in messages:
-                message_id = unique("m")
+            for n, (handler, key, exception, body) in enumerate(messages):
+                message_id = given[n] if given is not None else unique("m")
                 headers = wire.archive_headers({}, attempt=3, queue=self.queue(handler), routing_key=key,
                                                reason=f"gave up after 3 attempts: {exception}",
                                                exception=exception, traceback=f"Traceback ...\n{exception}\n")
+                self.key_of[message_id] = headers[wire.ARCHIVE_KEY]
                 channel.basic_publish(amqp.Message(body, message_id=message_id, content_type="application/json",
                                                    delivery_mode=2, application_headers=headers),
                                       exchange=self.events.topology().archive_exchange, routing_key="")
@@ -54,6 +62,16 @@ class Seeded:
         finally:
             conn.close()
         return ids
+
+    def records(self) -> list[ArchivedMessage | Settlement]:
+        """Every record of the archive stream, in order (copies with their whole bodies, and settlements)."""
+        with Connection(self.broker_url) as conn:
+            return list(records(conn, self.events.topology()))
+
+    def pending(self) -> list[ArchivedMessage]:
+        """The copies still archived (neither replayed nor purged), in stream order, bodies whole."""
+        with Connection(self.broker_url) as conn:
+            return read(conn, self.events.topology())
 
     def take(self, name: str) -> list[amqp.Message]:
         """Every ready message of queue ``name`` (acked: taken away)."""

@@ -28,6 +28,7 @@ from kombu import Connection
 from kombu_events.core.config import Settings
 from kombu_events.core.topology import build_topology
 from kombu_events.ops import archive
+
 from ..brokers import MANAGEMENT_URL, PORT, RABBITMQCTL, rabbitmqctl
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -85,34 +85,36 @@ def client(service: Seeded, tmp_path) -> TestClient:
                       client=("127.0.0.1", 50000))
 
 
-def test_the_console_reports_the_ids_it_did_not_find_in_the_dry_run_the_job_and_the_api(service, tmp_path):
+def test_the_console_reports_the_keys_it_did_not_find_in_the_dry_run_the_job_and_the_api(service, tmp_path):
     ids = archive(service, 3)
-    asked = [ids[0], ids[0] + "\n"]
+    keys = [service.key_of[i] for i in ids]
+    asked = [keys[0], keys[0] + "\n"]
     with client(service, tmp_path) as web:
-        page = web.get(f"/events/{ids[0]}", headers=OPERATOR).text
+        page = web.get(f"/events/{keys[0]}", headers=OPERATOR).text
         assert re.search(r'<input type="checkbox" name="dry_run" value="1" checked> dry run', page), \
             "the event page's dry run is ticked, as the failures page's"
-        dry = web.post("/replay", data={"scope": "selected", "id": asked, "dry_run": "1"},
+        dry = web.post("/replay", data={"scope": "selected", "key": asked, "dry_run": "1"},
                        headers={**OPERATOR, **SAME_ORIGIN})
-        assert dry.status_code == 200 and "1 message(s) would be replayed" in dry.text
-        assert "1 selected id(s) not found in the archive" in dry.text
-        assert f"<code>{json.dumps(ids[0] + chr(10))}</code>" in dry.text  # "m…\n": the newline shows
-        started = web.post("/replay", data={"scope": "selected", "id": asked}, headers={**OPERATOR, **SAME_ORIGIN},
+        assert dry.status_code == 200 and "1 archived copy would be replayed" in dry.text
+        assert "1 selected key(s) not found in the archive" in dry.text
+        assert f"<code>{json.dumps(keys[0] + chr(10))}</code>" in dry.text  # "…\n": the newline shows
+        started = web.post("/replay", data={"scope": "selected", "key": asked}, headers={**OPERATOR, **SAME_ORIGIN},
                            follow_redirects=False)
         assert started.status_code == 303
         job_id = started.headers["location"].rsplit("/", 1)[1]
         progress = wait_for(lambda: (lambda j: j if j["state"] == "done" else None)(
             web.get(f"/api/jobs/{job_id}", headers=OPERATOR).json()), 20, what="job done")
-        assert (progress["total"], progress["replayed"], progress["missing"]) == (1, 1, [ids[0] + "\n"])
+        assert (progress["total"], progress["replayed"], progress["missing"]) == (1, 1, [keys[0] + "\n"])
         shown = web.get(f"/jobs/{job_id}", headers=OPERATOR).text
-        assert "1 of 1 sent" in shown and "1 selected id(s) not found in the archive" in shown
-        api = web.post("/api/replay", json={"ids": [ids[1], "nope"]}, headers={**OPERATOR, **SAME_ORIGIN})
+        assert "<strong>1</strong> of 1 replayed" in shown and "1 selected key(s) not found in the archive" in shown
+        api = web.post("/api/replay", json={"keys": [keys[1], "nope"]}, headers={**OPERATOR, **SAME_ORIGIN})
         assert api.status_code == 207
         document = assert_valid("archive-replay", api.json())
-        assert [(m["id"], m["outcome"]) for m in document["messages"]] == [(ids[1], "replayed"), ("nope", "not_found")]
-        dry_api = web.post("/api/replay", json={"ids": [ids[2], ids[1]], "dry_run": True},
+        assert [(m["key"], m["id"], m["outcome"]) for m in document["messages"]] == [
+            (keys[1], ids[1], "replayed"), ("nope", "", "not_found")]
+        dry_api = web.post("/api/replay", json={"keys": [keys[2], keys[1]], "dry_run": True},
                            headers={**OPERATOR, **SAME_ORIGIN}).json()
-        assert [(m["id"], m["outcome"]) for m in assert_valid("archive-replay", dry_api)["messages"]] == [
-            (ids[2], "would_replay"), (ids[1], "not_found")]
+        assert [(m["key"], m["outcome"]) for m in assert_valid("archive-replay", dry_api)["messages"]] == [
+            (keys[2], "would_replay"), (keys[1], "not_found")]
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert audit[0]["action"] == "replay" and audit[0]["not_found"] == 1

@@ -12,9 +12,8 @@ from amqp.serialization import dumps, loads
 from hypothesis import given, strategies as st
 
 from kombu_events.broker import stream_headers
-from kombu_events.core import archive_records as records
-from kombu_events.core import headers as wire
-from kombu_events.ops.archive import ArchivedMessage, _parse
+from kombu_events.core import archive_records as records, headers as wire
+from kombu_events.ops.archive import ArchivedMessage, parse_record as _parse
 
 
 class Stored:

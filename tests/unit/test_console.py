@@ -1,4 +1,5 @@
-"""The console's pure decisions: authentication, roles, the cross-site check, search, grouping, views, audit."""
+"""The console's pure decisions: authentication, roles, the cross-site check, search (its length and its time),
+grouping, the index of the archive (what it keeps of a copy, how it folds settlements in), views, audit."""
 from __future__ import annotations
 
 import base64
@@ -8,10 +9,13 @@ from typing import Any
 
 import pytest
 
-from kombu_events.console import audit, auth, query, views
+from kombu_events.console import audit, auth, entries, query, views
 from kombu_events.console.auth import OPERATOR, VIEWER, AuthSettings, Principal
+from kombu_events.console.index import ArchiveIndex
+from kombu_events.core.archive_records import OPENED, PURGED, REPLAYED, Settlement
 from kombu_events.core.config import Settings
 from kombu_events.errors import ConfigurationError
+from kombu_events.ops.archive import ArchivedMessage
 
 PW, VPW = "operator-password-1", "viewer-password-12"
 SETTINGS = AuthSettings(passwords={"operator": PW, "viewer": VPW}, tokens={"x" * 30: ("bot", VIEWER)})
@@ -119,6 +123,15 @@ class M:
     properties: dict[str, Any] = field(default_factory=dict)
     attempts: Any = 3
     traceback: str = ""
+    key: str = "3f9c2a7b81d04e6a9b1c"
+
+    @property
+    def prefix(self) -> bytes:
+        return self.body
+
+    @property
+    def failure(self) -> str:
+        return query.normalise(self.exception or self.reason)
 
 
 def test_parse_qualifiers_and_words():
@@ -136,6 +149,7 @@ def test_parse_qualifiers_and_words():
     ("since:2026-11-25T10", True), ("since:2026-11-25T11", False),
     ("until:2026-11-25T11", True), ("until:2026-11-25T10:15", False),
     ('"order 1 not"', True), ('"order 2"', False), ("ORDER", True), ("refund", False), ("m1", True),
+    ("3F9C2A7B", True),  # the archive key
 ])
 def test_matches(text, hit):
     assert query.matches(query.parse(text), M()) is hit
@@ -170,6 +184,104 @@ def test_group_by_exception_key_and_hour_and_group_qualifier():
         query.group(messages, "day")
 
 
+def test_a_search_line_longer_than_the_limit_is_refused_with_the_limit_named():
+    assert query.parse("x" * query.MAX_QUERY_CHARS).words == ("x" * query.MAX_QUERY_CHARS,)
+    with pytest.raises(query.QueryTooLong, match="1,001 characters long; the console reads at most 1,000"):
+        query.parse("x" * (query.MAX_QUERY_CHARS + 1))
+
+
+class Ticks:
+    """A clock that moves ``step`` seconds each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_a_search_stops_at_its_budget_and_says_how_far_it_got():
+    copies = [M(id=f"m{n}") for n in range(10_000)]
+    clock = Ticks(0.001)  # a look at the clock every 256 copies: 1 ms each
+    found = query.search(copies, query.parse("m9999"), budget_s=0.005, clock=clock)
+    assert found.partial and found.searched == 6 * 256 and found.matched == [] and found.total == 10_000
+    whole = query.search(copies, query.parse("m9999"), budget_s=None, clock=Ticks(1.0))
+    assert not whole.partial and [m.id for m in whole.matched] == ["m9999"] and whole.searched == 10_000
+    first = query.search(copies, query.parse("m99"), budget_s=None, limit=3)
+    assert [m.id for m in first.matched] == ["m99", "m990", "m991"] and not first.partial
+    everything = query.search(copies, query.parse(""), limit=50)
+    assert len(everything.matched) == 50 and not everything.partial
+    assert query.search(copies, query.parse("m1"), limit=0).matched == []
+
+
+# -- the index: what it keeps of a copy, and how it folds the archive's records ---------------------------
+
+def copy(key: str, offset: int, body: bytes = b'{"order": 1}', message_id: str = "m1", **fields: Any
+         ) -> ArchivedMessage:
+    values: dict[str, Any] = {"id": message_id, "queue": "svc.orders", "routing_key": "orders.1.created",
+                              "reason": "gave up: KeyError: x", "attempts": 3,
+                              "archived_at": "2026-11-25T10:15:00.000+00:00", "exception": "KeyError: 'order 17'",
+                              "traceback": "Traceback ...", "headers": {},
+                              "properties": {"content_type": "application/json"}}
+    values.update(fields)
+    return ArchivedMessage(key=key, offset=offset, body=body, size=len(body), **values)
+
+
+def test_an_entry_keeps_a_body_prefix_and_short_texts_whatever_the_body():
+    big = copy("k1", 7, body=b"x" * 15 * 2**20, exception="E: " + "y" * 5000, attempts=b"\xff" * 999)
+    entry = entries.entry_of(big)
+    assert (entry.key, entry.offset, entry.size, len(entry.prefix)) == ("k1", 7, 15 * 2**20, entries.BODY_PREFIX_BYTES)
+    assert entry.truncated and len(entry.exception) == entries.TEXT_CHARS and len(str(entry.attempts)) <= 255
+    assert entry.failure == query.normalise(entry.exception) and entry.content_type == "application/json"
+    summary = entry.summary()
+    assert summary["body"] == "x" * 1024 and summary["truncated"] and set(summary) == {
+        "key", "id", "queue", "routing_key", "reason", "attempts", "archived_at", "exception", "body", "size",
+        "truncated", "offset"}
+    assert entries.entry_of(copy("k2", 8, body=b"\xff\xfe")).summary()["body"] == repr(b"\xff\xfe")
+
+
+def settlement(action: str, keys: tuple[str, ...], offset: int) -> Settlement:
+    return Settlement(action, keys, "alice", "2026-11-25T11:00:00.000+00:00", offset=offset)
+
+
+def test_the_index_folds_settlements_in_and_keys_tell_copies_apart():
+    index = ArchiveIndex()
+    index.apply(settlement(OPENED, (), 0))
+    index.reached(4)
+    assert not index.view().caught_up
+    for n, key in enumerate(("a", "b", "c"), start=1):
+        index.apply(copy(key, n, message_id="same-id"))  # one message id, three copies
+    index.apply(settlement(PURGED, ("b",), 4))
+    view = index.view()
+    assert [e.key for e in view.entries] == ["a", "c"] and view.caught_up and view.through == 4
+    assert view.records == 5 and index.view() is view  # the same view until a record changes it
+    assert index.get("b") is None and index.settlement("b").action == PURGED and index.get("a").id == "same-id"
+    assert [e.key for e in index.with_id("same-id")] == ["a", "c"]
+    index.apply(copy("c", 3))  # read again (from the start of a chunk): ignored
+    index.apply(copy("b", 5))  # a copy written again by a migration: settled all the same
+    index.apply(settlement(REPLAYED, ("a", "a-never-read"), 6))
+    assert [e.key for e in index.view().entries] == ["c"] and index.wait_settled(["a", "b", "a-never-read"], 0)
+    assert not index.wait_settled(["c"], 0.01)
+    assert index.forget_before(4) == 1 and index.view().entries == ()
+
+
+def test_the_index_has_caught_up_at_the_end_it_found_or_when_an_empty_stream_stays_quiet():
+    empty = ArchiveIndex()
+    empty.reached(None)
+    assert empty.wait_caught_up(0)
+    quiet = ArchiveIndex()
+    quiet.reached(3)
+    quiet.idle()  # the broker is slow: what was read is not all there is
+    assert not quiet.caught_up
+    for offset in range(4):
+        quiet.apply(settlement(OPENED, (), offset))
+    assert quiet.caught_up
+    failing = ArchiveIndex()
+    failing.failed("the archive 'svc.archive' does not exist on the broker")
+    assert "does not exist" in failing.view().error
+
+
 # -- views and audit -----------------------------------------------------------------------------------
 
 def test_body_view_json_text_hex():
@@ -190,15 +302,16 @@ class Q:
     state: str | None = None
 
 
-def test_overview_flags_a_queue_without_consumer_a_nearly_full_archive_and_a_missing_queue():
-    settings = Settings(service="svc", archive_max_length=100)
+def test_overview_flags_a_queue_without_consumer_and_a_missing_queue_and_shows_the_archives_retention():
+    settings = Settings(service="svc", archive_ttl_ms=2 * 3_600_000, archive_max_bytes=512 * 2**20)
     rows = views.overview_rows([Q("svc.delay.0", "delay"), Q("svc.archive", "archive", ready=85, consumers=0),
                                 Q("svc.orders", "handler", consumers=0, state="paused"),
                                 Q("svc.users", "handler", exists=False, ready=None)], settings)
     assert [r.queue for r in rows] == ["svc.orders", "svc.users", "svc.archive", "svc.delay.0"]
-    assert "no consumer" in rows[0].alert and "missing" in rows[1].alert and "nearly full" in rows[2].alert
-    assert rows[2].bound.startswith("at most 100 messages")
-    assert views.overview_rows([Q("svc.archive", "archive", ready=10)], settings)[0].alert == ""
+    assert "no consumer" in rows[0].alert and "missing" in rows[1].alert and rows[2].alert == ""
+    assert rows[2].bound == "kept at most 2 h (archive_ttl_ms) and 512 MiB in all (archive_max_bytes)"
+    assert views.retention(Settings(service="svc", archive_ttl_ms=0, archive_max_bytes=0)) == \
+        "kept for ever (no retention set)"
 
 
 def test_event_view_sections():

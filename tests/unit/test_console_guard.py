@@ -22,9 +22,11 @@ from .test_console_routes_kit import (
     archived,
     basic,
     console,
+    key_of,
 )
 
 IDS = ("m1", "m2", "m3")
+KEYS = [key_of(i) for i in IDS]
 
 
 def _console(**settings):
@@ -35,8 +37,10 @@ def _console(**settings):
 
 ANSWERS = [
     ("GET", "/no/such/page", OPERATOR, None, 404),
-    ("GET", "/events/no-such-id", OPERATOR, None, 404),
-    ("GET", "/api/archive/no-such-id", BEARER_OPERATOR, None, 404),
+    ("GET", "/events/no-such-key", OPERATOR, None, 404),
+    ("GET", "/api/archive/no-such-key", BEARER_OPERATOR, None, 404),
+    ("GET", "/failures?q=" + "x" * 1001, OPERATOR, None, 400),
+    ("GET", "/api/archive?limit=501", BEARER_OPERATOR, None, 400),
     ("GET", "/static/no-such-file.css", OPERATOR, None, 404),
     ("GET", "/api/archive?limit=lots", BEARER_OPERATOR, None, 400),
     ("POST", "/replay", {**OPERATOR, **SAME_ORIGIN}, {"scope": "matching", "rate": "fast"}, 400),
@@ -46,7 +50,7 @@ ANSWERS = [
     ("POST", "/purge", {**OPERATOR, "Sec-Fetch-Site": "cross-site"}, {"count": "3"}, 403),
     ("PUT", "/api/purge", BEARER_OPERATOR, None, 405),
     ("GET", "/replay", OPERATOR, None, 405),
-    ("DELETE", "/events/m1", OPERATOR, None, 405),
+    ("DELETE", f"/events/{KEYS[0]}", OPERATOR, None, 405),
 ]
 
 
@@ -60,7 +64,8 @@ def test_every_answer_carries_the_security_headers(method, path, headers, form, 
 
 
 @pytest.mark.parametrize("path, headers", [("/failures", OPERATOR), ("/api/archive", BEARER_OPERATOR),
-                                           ("/events/m1", OPERATOR), ("/api/archive/m1", BEARER_OPERATOR)])
+                                           (f"/events/{KEYS[0]}", OPERATOR), (f"/api/archive/{KEYS[0]}",
+                                                                              BEARER_OPERATOR)])
 def test_a_server_error_carries_the_security_headers_and_says_little(path, headers):
     c = _console()
     c.stub.fail_with = RuntimeError("a bug with a secret in its message: hunter2")
@@ -94,13 +99,13 @@ def test_a_state_change_from_the_console_itself_is_let_through():
     assert c.web.post("/purge", data={"q": "", "count": "3"}, headers={**OPERATOR, **SAME_ORIGIN}).status_code == 200
     assert c.web.post("/purge", data={"q": "", "count": "0"},
                       headers={**OPERATOR, "Origin": "http://127.0.0.1:8089"}).status_code == 200
-    assert c.stub.purged == list(IDS)
+    assert c.stub.purged == KEYS
 
 
 def test_a_script_with_a_valid_bearer_token_needs_no_browser_header():
     c = _console()
     answer = c.web.post("/api/purge", json={"q": "", "yes": True}, headers=BEARER_OPERATOR)
-    assert answer.status_code == 200 and c.stub.purged == list(IDS)
+    assert answer.status_code == 200 and c.stub.purged == KEYS
 
 
 @pytest.mark.parametrize("settings, headers", [
@@ -123,17 +128,17 @@ def test_the_bearer_exemption_needs_a_bearer_token_that_authenticated_the_reques
 
 CHANGES = [  # (method, path, form, JSON body, what the audit trail says when an operator does it)
     ("/replay", {"scope": "matching", "q": ""}, None, "replay"),
-    ("/replay", {"scope": "selected", "id": "m1"}, None, "replay"),
+    ("/replay", {"scope": "selected", "key": KEYS[0]}, None, "replay"),
     ("/purge", {"q": "", "count": "3"}, None, "purge"),
     ("/jobs/j1/cancel", None, None, "cancel"),
-    ("/events/m1/edit", {"body": "{}"}, None, "edit and replay"),
+    (f"/events/{KEYS[0]}/edit", {"body": "{}"}, None, "edit and replay"),
     ("/api/replay", None, b'{"q": ""}', "replay"),
     ("/api/purge", None, b'{"q": "", "yes": true}', "purge"),
 ]
 
 
 def _change(c, headers, path, form, body):
-    c.app.state.jobs._jobs["j1"] = Job("j1", "alice", frozenset({"m1"}), "")  # a job to cancel, not started
+    c.app.state.jobs._jobs["j1"] = Job("j1", "alice", frozenset({KEYS[0]}), "")  # a job to cancel, not started
     if body is not None:
         return c.web.post(path, content=body, headers={**headers, **JSON, **SAME_ORIGIN})
     return c.web.post(path, data=form, headers={**headers, **SAME_ORIGIN})

@@ -1,16 +1,20 @@
 """The console's pages and JSON API, through its own application over a stubbed archive
 (test_console_routes_kit): what the API accepts, the purge's confirmed count, what a viewer is offered,
-and ids of any shape through every link and form."""
+archive keys (never message ids) in every action, the bounds of a search and of a page, and keys and ids of
+any shape through every link and form."""
 from __future__ import annotations
 
+import threading
 import time
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import pytest
 from markupsafe import escape
 
+from kombu_events.console import query
 from kombu_events.console.auth import SECURITY_HEADERS
 from kombu_events.console.jobs import Job
+from kombu_events.core.archive_records import PURGED, REPLAYED
 
 from .test_console_routes_kit import (
     BEARER_OPERATOR,
@@ -22,11 +26,13 @@ from .test_console_routes_kit import (
     Page,
     archived,
     console,
+    key_of,
     resolve,
     submit,
 )
 
 IDS = ("m1", "m2", "m3")
+KEYS = [key_of(i) for i in IDS]
 
 
 def _console(**settings):
@@ -36,12 +42,15 @@ def _console(**settings):
 # -- (2) the JSON API refuses what it cannot read, with a 400 that says why ------------------------------
 
 BAD = [
-    ("/api/purge", b'{"ids": 5, "yes": true}', "ids"),
-    ("/api/purge", b'{"ids": "m1", "yes": true}', "ids"),  # a string is no list of ids (not 'm', '1')
-    ("/api/purge", b'{"ids": [1, 2], "yes": true}', "ids"),
-    ("/api/purge", b'{"ids": [["m1"]], "yes": true}', "ids"),
-    ("/api/replay", b'{"ids": {"m1": true}}', "ids"),
-    ("/api/replay", b'{"ids": 5, "dry_run": true}', "ids"),
+    ("/api/purge", b'{"keys": 5, "yes": true}', "keys"),
+    ("/api/purge", b'{"keys": "m1", "yes": true}', "keys"),  # a string is no list of keys (not 'm', '1')
+    ("/api/purge", b'{"keys": [1, 2], "yes": true}', "keys"),
+    ("/api/purge", b'{"keys": [["m1"]], "yes": true}', "keys"),
+    ("/api/replay", b'{"keys": {"m1": true}}', "keys"),
+    ("/api/replay", b'{"keys": 5, "dry_run": true}', "keys"),
+    ("/api/purge", b'{"ids": ["m1"], "yes": true}', 'Send "keys"'),  # message ids are not unique
+    ("/api/replay", b'{"ids": ["m1"]}', 'Send "keys"'),
+    ("/api/replay", b'{"q": "' + b"x" * 1001 + b'", "dry_run": true}', "1,001 characters"),
     ("/api/purge", b'{"limit": "2", "yes": true}', "limit"),
     ("/api/purge", b'{"limit": 1.5, "yes": true}', "limit"),
     ("/api/purge", b'{"limit": true, "yes": true}', "limit"),
@@ -88,7 +97,8 @@ def test_an_api_body_that_is_not_sent_as_json_is_a_400(path, content_type):
     assert (c.stub.purged, c.stub.replayed) == ([], [])
 
 
-@pytest.mark.parametrize("query, named", [("limit=lots", "limit"), ("limit=1.5", "limit"), ("limit=-1", "limit")])
+@pytest.mark.parametrize("query, named", [("limit=lots", "limit"), ("limit=1.5", "limit"), ("limit=-1", "limit"),
+                                          ("limit=501", "at most 500"), ("q=" + "x" * 1001, "at most 1,000")])
 def test_a_bad_api_query_is_a_400_that_names_it(query, named):
     answer = _console().web.get(f"/api/archive?{query}", headers=BEARER_VIEWER)
     assert answer.status_code == 400 and named in answer.json()["error"]
@@ -97,16 +107,15 @@ def test_a_bad_api_query_is_a_400_that_names_it(query, named):
 def test_well_typed_api_bodies_are_taken():
     c = _console()
     headers = {**BEARER_OPERATOR, "Content-Type": "application/json; charset=utf-8"}
-    dry = c.web.post("/api/replay", content=b'{"ids": ["m1"], "dry_run": true, "to_queue": null}',
-                     headers=headers)
-    assert dry.status_code == 200 and [m["id"] for m in dry.json()["messages"]] == ["m1"]
-    replayed = c.web.post("/api/replay", content=b'{"q": "", "ids": ["m2"], "limit": 1, "dry_run": false}',
+    dry = c.web.post("/api/replay", json={"keys": [KEYS[0]], "dry_run": True, "to_queue": None}, headers=headers)
+    assert dry.status_code == 200 and [(m["key"], m["id"]) for m in dry.json()["messages"]] == [(KEYS[0], "m1")]
+    replayed = c.web.post("/api/replay", json={"q": "", "keys": [KEYS[1]], "limit": 1, "dry_run": False},
                           headers=headers)
     assert replayed.status_code == 200 and replayed.json()["replayed"] == 1 and c.stub.replayed == [
-        ("m2", None, None)]
+        (KEYS[1], None, None)]
     purged = c.web.post("/api/purge", content=b'{"q": "", "limit": 5, "yes": true, "before": "2030-01-01"}',
                         headers=headers)
-    assert purged.status_code == 200 and c.stub.purged == ["m1", "m3"]
+    assert purged.status_code == 200 and c.stub.purged == [KEYS[0], KEYS[2]] and purged.json()["erased"] == 0
     assert c.web.get("/api/archive?limit=0", headers=BEARER_VIEWER).json() == []
 
 
@@ -128,7 +137,7 @@ def test_a_replay_form_it_cannot_read_is_a_400_that_names_it(form, named):
 
 # -- (7d) an API purge needs "yes": true -------------------------------------------------------------------
 
-@pytest.mark.parametrize("body", [b"{}", b'{"q": ""}', b'{"yes": false}', b'{"ids": ["m1"]}',
+@pytest.mark.parametrize("body", [b"{}", b'{"q": ""}', b'{"yes": false}', b'{"keys": ["m1"]}',
                                   b'{"dry_run": false}', b'{"q": "", "yes": null}'])
 def test_an_api_purge_without_yes_true_purges_nothing(body):
     c = _console()
@@ -142,8 +151,8 @@ def test_an_api_purge_dry_run_lists_and_purges_nothing_and_yes_purges():
     dry = c.web.post("/api/purge", content=b'{"dry_run": true}', headers={**BEARER_OPERATOR, **JSON})
     assert dry.status_code == 200 and dry.json()["matched"] == 3 and c.stub.purged == []
     done = c.web.post("/api/purge", content=b'{"q": "", "yes": true}', headers={**BEARER_OPERATOR, **JSON})
-    assert done.json()["purged"] == 3 and c.stub.purged == list(IDS)
-    assert [e["action"] for e in c.audit] == ["purge"]
+    assert done.json()["purged"] == 3 and c.stub.purged == KEYS
+    assert [(e["action"], e["keys"]) for e in c.audit] == [("purge", KEYS)]  # audited with what it hid
 
 
 # -- (7c) a purge deletes only the count confirmed ---------------------------------------------------------
@@ -155,24 +164,26 @@ def _confirmation(c, q=""):
     return forms[0]
 
 
-@pytest.mark.parametrize("change", ["archived", "gone"])
-def test_a_purge_asks_again_when_the_archive_changed_since_the_confirmation(change):
+def test_a_purge_asks_again_when_the_archive_changed_since_the_confirmation():
     c = _console()
     form = _confirmation(c)
     assert ("count", "3") in form.fields
-    if change == "archived":  # a worker archived one more meanwhile (before the confirmation's time)
-        c.stub.messages.append(archived("m4", archived_at="2026-01-01T00:00:00.000+00:00"))
-    else:  # another operator purged one meanwhile
-        c.stub.messages.pop(0)
+    c.stub.settle(PURGED, [KEYS[0]], "bob")  # another operator purged one meanwhile
     again = submit(c.web, "/purge", form, OPERATOR)
     assert again.status_code == 200 and "The archive changed since you asked" in again.text
     assert c.stub.purged == [] and c.audit == []
     second = Page(again.text).post_forms()[0]
-    count = "4" if change == "archived" else "2"
-    assert ("count", count) in second.fields
+    assert ("count", "2") in second.fields
     done = submit(c.web, "/purge", second, OPERATOR)
-    assert done.status_code == 200 and f"Purged {count} message(s)" in done.text
-    assert len(c.stub.purged) == int(count) and c.stub.messages == []
+    assert done.status_code == 200 and "Purged 2 archived copies" in done.text
+    assert c.stub.purged == KEYS[1:] and c.stub.messages == []
+
+
+def test_the_purge_confirmation_says_a_purge_hides_and_what_removes_for_good():
+    text = _console().web.get("/purge", headers=OPERATOR).text
+    assert "A purge hides these copies at once" in text and "until retention removes them" in text
+    assert "168 h (archive_ttl_ms)" in text and "1 GiB in all (archive_max_bytes)" in text
+    assert "kombu-events archive purge --for-good" in text
 
 
 @pytest.mark.parametrize("count", [None, "", "2", "4", "03", "three"])
@@ -180,26 +191,26 @@ def test_a_purge_posted_without_the_right_count_purges_nothing(count):
     c = _console()
     form = {"q": "", **({"count": count} if count is not None else {})}
     answer = c.web.post("/purge", data=form, headers={**OPERATOR, **SAME_ORIGIN})
-    assert answer.status_code == 200 and "Delete 3 message(s) for good" in answer.text
+    assert answer.status_code == 200 and "Purge 3 copies" in answer.text
     assert c.stub.purged == []
 
 
 def test_a_purge_takes_only_what_was_archived_by_the_confirmation():
     c = _console()
     form = _confirmation(c)
-    c.stub.messages.append(archived("later", archived_at="2999-01-01T00:00:00.000+00:00"))
+    c.stub.add(archived("later"))  # a worker archived one more meanwhile: after the confirmation's offset
     assert submit(c.web, "/purge", form, OPERATOR).status_code == 200
-    assert c.stub.purged == list(IDS) and [m.id for m in c.stub.messages] == ["later"]
+    assert c.stub.purged == KEYS and [m.id for m in c.stub.messages] == ["later"]
 
 
 # -- (5) nobody is offered a button they cannot use --------------------------------------------------------
 
-PAGES = ["/", "/?fragment=1", "/failures", "/failures?q=orders&by=key", "/events/m1", "/purge", "/purge?q=orders",
-         "/jobs/j1", "/jobs/j1?fragment=1", "/audit"]
+PAGES = ["/", "/?fragment=1", "/failures", "/failures?q=orders&by=key", f"/events/{KEYS[0]}", "/purge",
+         "/purge?q=orders", "/jobs/j1", "/jobs/j1?fragment=1", "/audit"]
 
 
 def _with_a_running_job(c):
-    job = Job("j1", "alice", frozenset({"m1"}), "", state="running", started_at=time.time())
+    job = Job("j1", "alice", frozenset({KEYS[0]}), "", state="running", started_at=time.time())
     c.app.state.jobs._jobs[job.id] = job
     c.app.state.audit.record("alice", "operator", "replay", 1, job="j1")
 
@@ -216,7 +227,7 @@ def test_no_page_offers_an_action_to_whoever_cannot_act(headers, settings):
         assert page.post_forms() == [], f"{path} offers {[f.buttons for f in page.post_forms()]}"
         assert not [link for link in page.links if not link.startswith("#")
                     and resolve(path, link).startswith("/purge")], path
-        assert 'name="id"' not in answer.text and "<button" not in answer.text.replace(
+        assert 'name="key"' not in answer.text and "<button" not in answer.text.replace(
             '<button type="submit">Search</button>', ""), path
 
 
@@ -226,13 +237,13 @@ def test_an_operator_is_offered_each_action():
     offered = {path: [b for f in Page(c.web.get(path, headers=OPERATOR).text).post_forms() for b in f.buttons]
                for path in PAGES}
     assert offered["/failures"] == ["replay-button"] and offered["/purge"] == ["confirm-purge"]
-    assert len(offered["/events/m1"]) == 2
+    assert len(offered[f"/events/{KEYS[0]}"]) == 2
     assert len(offered["/jobs/j1"]) == 1 and len(offered["/jobs/j1?fragment=1"]) == 1
     assert any(resolve("/failures", link).startswith("/purge?")
                for link in Page(c.web.get("/failures", headers=OPERATOR).text).links)
 
 
-# -- (6) any id, through every link and form -----------------------------------------------------------
+# -- (6) any key and any id, through every link and form ----------------------------------------------------
 
 ODD_IDS = ["a/b", "/leading", "trailing/", "what?x=1&y=2", "frag#ment", "100%", "%2e%2e%2f", "%2F", "../../audit",
            "..", ".", "./x", "with space", "line\nbreak", "trailing-newline\n", "cr\rand\r\ncrlf", "tab\there",
@@ -269,46 +280,175 @@ def _event_page(c, message_id):
 
 
 @pytest.mark.parametrize("message_id", ODD_IDS, ids=[repr(i) for i in ODD_IDS])
-def test_any_id_goes_through_every_link_and_form_and_comes_back_the_same(message_id):
-    c = console([archived(message_id), archived("plain")], allow_edit=True)
+def test_any_id_and_key_go_through_every_link_and_form_and_come_back_the_same(message_id):
+    """The archive key of a record anyone wrote may hold anything too: here it is the odd id itself."""
+    c = console([archived(message_id, key=message_id), archived("plain")], allow_edit=True)
     url = _event_page(c, message_id)
     assert _followed(c, url, OPERATOR)[0].status_code == 200  # the event page's own links work
 
-    # the event's replay form, as a dry run, then its confirmation: a job that replays that id and no other
-    replay_form, edit_form = Page(c.web.get(url, headers=OPERATOR).text).post_forms()
+    # the event's replay form, as a dry run, then its confirmation: a job that replays that key and no other
+    replay_form, _ = Page(c.web.get(url, headers=OPERATOR).text).post_forms()
     dry = submit(c.web, url, replay_form, OPERATOR, tick=lambda name, value: name == "dry_run")
-    assert dry.status_code == 200 and "1 message(s) would be replayed" in dry.text
+    assert dry.status_code == 200 and "1 archived copy would be replayed" in dry.text
     job = submit(c.web, "/replay", Page(dry.text).post_forms()[0], OPERATOR)
     assert job.status_code == 303 and _followed(c, resolve("/replay", job.headers["location"]), OPERATOR)
     _wait_for_jobs(c)
     assert c.stub.replayed == [(message_id, None, None)]
 
-    # edit and replay: the edited body goes with that id
-    c.stub.messages.append(archived(message_id))
-    edited = submit(c.web, url, edit_form, OPERATOR)
+    # edit and replay: the edited body goes with that key
+    c.stub.add(archived(message_id, key=message_id + "#2"))
+    url = _event_page(c, message_id)
+    edited = submit(c.web, url, Page(c.web.get(url, headers=OPERATOR).text).post_forms()[1], OPERATOR)
     assert edited.status_code == 200 and "Edited copy replayed" in edited.text
-    assert c.stub.replayed[-1] == (message_id, None, b'{"order": 1}')
+    assert c.stub.replayed[-1] == (message_id + "#2", None, b'{"order": 1}')
 
     # the failures page: tick both, replay only those ticked
-    c.stub.messages.append(archived(message_id))
+    c.stub.add(archived(message_id, key=message_id + "#3"))
     failures = Page(c.web.get("/failures", headers=OPERATOR).text).post_forms()[0]
     dry = submit(c.web, "/failures", failures, OPERATOR, choose={"scope": "selected"},
-                 tick=lambda name, value: name in ("id", "dry_run"))
-    assert "2 message(s) would be replayed" in dry.text
+                 tick=lambda name, value: name in ("key", "dry_run"))
+    assert "2 archived copies would be replayed" in dry.text
     submit(c.web, "/replay", Page(dry.text).post_forms()[0], OPERATOR)
     _wait_for_jobs(c)
-    assert sorted(i for i, _, _ in c.stub.replayed[-2:]) == sorted([message_id, "plain"])
+    assert sorted(k for k, _, _ in c.stub.replayed[-2:]) == sorted([message_id + "#3", key_of("plain")])
 
 
 @pytest.mark.parametrize("message_id", [i for i in ODD_IDS if i not in (".", "..")], ids=repr)
-def test_any_id_is_shown_by_the_api_at_its_percent_encoded_path(message_id):
-    c = console([archived(message_id), archived("plain")])
-    answer = c.web.get("/api/archive/" + quote(message_id, safe=""), headers=BEARER_VIEWER)
-    assert answer.status_code == 200 and answer.json()["id"] == message_id
+def test_any_key_and_any_id_held_by_one_copy_is_shown_by_the_api_at_its_percent_encoded_path(message_id):
+    c = console([archived(message_id), archived("plain", key=message_id)])
+    by_key = c.web.get("/api/archive/" + quote(message_id, safe=""), headers=BEARER_VIEWER)
+    assert by_key.status_code == 200 and (by_key.json()["key"], by_key.json()["id"]) == (message_id, "plain")
+    c.stub.settle(PURGED, [message_id])
+    by_id = c.web.get("/api/archive/" + quote(message_id, safe=""), headers=BEARER_VIEWER)
+    assert by_id.status_code == 200 and (by_id.json()["key"], by_id.json()["id"]) == (key_of(message_id),
+                                                                                       message_id)
 
 
-def test_a_group_link_and_the_read_again_link_keep_the_search():
-    c = _console()
+def test_a_group_link_and_the_purge_link_keep_the_search():
+    c = console([archived(i, body=b'{"order": 1, "note": "#x &y=1 100%"}') for i in IDS])
     search = 'key:orders.# "order 1" #x &y=1 100%'
-    _, reached = _followed(c, "/failures?" + urlencode({"q": search}), OPERATOR)
-    assert any(f'value="{escape(search)}"' in page.text for url, page in reached.items() if "fresh=1" in url)
+    _, reached = _followed(c, "/failures?q=" + quote(search), OPERATOR)
+    assert any(f'value="{escape(search)}"' in page.text for url, page in reached.items() if url.startswith("/purge"))
+    assert any("group%3A" in url and "<strong>3</strong> of 3" in page.text for url, page in reached.items())
+
+
+# -- archive keys: copies that share a message id are acted on one by one ------------------------------------
+
+def _duplicates():
+    return console([archived("dup", body=b'{"word": "alpha"}', key="a" * 20),
+                    archived("dup", body=b'{"word": "beta"}', key="b" * 20), archived("other")])
+
+
+def test_copies_sharing_a_message_id_are_purged_one_by_one():
+    c = _duplicates()
+    confirm = c.web.get("/purge", params={"q": "alpha"}, headers=OPERATOR)
+    assert "Purge 1 archived copy?" in confirm.text
+    done = submit(c.web, "/purge", Page(confirm.text).post_forms()[0], OPERATOR)
+    assert "Purged 1 archived copy" in done.text
+    assert c.stub.purged == ["a" * 20] and [m.key for m in c.stub.messages] == ["b" * 20, key_of("other")]
+    api = c.web.post("/api/purge", json={"q": "dup", "yes": True, "dry_run": True}, headers=BEARER_OPERATOR)
+    assert [m["key"] for m in api.json()["messages"]] == ["b" * 20]
+
+
+def test_copies_sharing_a_message_id_are_replayed_one_by_one():
+    c = _duplicates()
+    dry = c.web.post("/replay", data={"q": "alpha", "scope": "matching", "dry_run": "1"},
+                     headers={**OPERATOR, **SAME_ORIGIN})
+    assert "1 archived copy would be replayed" in dry.text
+    assert submit(c.web, "/replay", Page(dry.text).post_forms()[0], OPERATOR).status_code == 303
+    _wait_for_jobs(c)
+    assert c.stub.replayed == [("a" * 20, None, None)]
+    api = c.web.post("/api/replay", json={"keys": ["b" * 20]}, headers=BEARER_OPERATOR)
+    assert api.json()["replayed"] == 1 and c.stub.replayed[-1] == ("b" * 20, None, None)
+    assert [m.id for m in c.stub.messages] == ["other"]
+
+
+def test_an_event_page_by_message_id_leads_to_its_copy_or_lists_the_copies_that_share_it():
+    c = _duplicates()
+    one = c.web.get("/events/other", headers=VIEWER)
+    assert one.status_code == 303 and one.headers["location"] == f"/events/{key_of('other')}"
+    several = c.web.get("/events/dup", headers=VIEWER)
+    assert several.status_code == 300 and f"/events/{'a' * 20}" in several.text and f"/events/{'b' * 20}" in \
+        several.text
+    assert c.web.get("/api/archive/dup", headers=BEARER_VIEWER).status_code == 409
+
+
+def test_the_page_of_a_settled_copy_says_how_it_was_settled():
+    c = _console()
+    c.stub.settle(REPLAYED, [KEYS[0]], "carol")
+    answer = c.web.get(f"/events/{KEYS[0]}", headers=VIEWER)
+    assert answer.status_code == 404 and "no archived copy with key" in answer.text and "replayed by carol" in \
+        answer.text
+
+
+# -- bounded pages: a body preview and its download, a search's length and time ------------------------------
+
+def test_an_event_page_shows_a_bounded_preview_and_downloads_the_whole_body():
+    large = b'{"blob": "' + b"x" * 100_000 + b'"}'
+    c = console([archived("big", body=large)], allow_edit=True)
+    page = c.web.get(f"/events/{key_of('big')}", headers=OPERATOR)
+    assert page.status_code == 200 and len(page.text) < 20_000
+    assert "The first 4,096 of 100,012 bytes" in page.text and "Download the whole body" in page.text
+    assert len(Page(page.text).post_forms()) == 1  # no edit of a body larger than its preview
+    download = c.web.get(f"/download?key={key_of('big')}", headers=VIEWER)
+    assert download.status_code == 200 and download.content == large
+    assert download.headers["content-type"] == "application/octet-stream"
+    assert download.headers["content-disposition"] == f'attachment; filename="{key_of("big")}.json"'
+    listed = c.web.get("/api/archive", headers=BEARER_VIEWER).json()
+    assert listed[0]["truncated"] is True and len(listed[0]["body"]) == 1024 and listed[0]["size"] == len(large)
+
+
+def test_a_search_that_takes_too_long_says_partial_results():
+    c = console([archived(f"m{n}") for n in range(2000)], search_budget_s=0.0)
+    page = c.web.get("/failures", params={"q": "m1999"}, headers=VIEWER)
+    assert page.status_code == 200 and "Partial results: the search looked at 256 of 2,000" in page.text
+    listed = c.web.get("/api/archive", params={"q": "m1999"}, headers=BEARER_VIEWER)
+    assert listed.json() == [] and listed.headers["x-search-partial"].startswith("searched 256 of 2000")
+    whole = c.web.post("/api/replay", json={"q": "m1999", "dry_run": True}, headers=BEARER_OPERATOR)
+    assert whole.json()["matched"] == 1  # an action's selection is never partial
+
+
+def test_a_page_made_while_the_index_catches_up_says_so():
+    c = _console()
+    c.stub.index.caught_up = False
+    c.stub.index.reached(10)  # the end found when the index began: offset 10, of which 0 to 2 read so far
+    page = c.web.get("/failures", headers=VIEWER)
+    assert "Catching up: the console is still reading the archive (3 records read of about 11)" in page.text
+    assert c.web.get("/api/archive", headers=BEARER_VIEWER).headers["x-index-catching-up"] == "3 records read so far"
+    assert c.web.get("/events/unknown", headers=VIEWER).status_code == 503
+
+
+def test_a_job_keeps_to_its_rate_and_a_cancel_stops_it_between_windows():
+    c = console([archived(f"m{n}") for n in range(6)])
+    started = c.web.post("/replay", data={"q": "", "scope": "matching", "rate": "2"},
+                         headers={**OPERATOR, **SAME_ORIGIN})
+    job = c.app.state.jobs.get(started.headers["location"].rsplit("/", 1)[1])
+    deadline = time.monotonic() + 5
+    while job.replayed < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert c.web.post(f"/jobs/{job.id}/cancel", headers={**OPERATOR, **SAME_ORIGIN}).status_code == 303
+    _wait_for_jobs(c)
+    assert job.state == "cancelled" and 2 <= job.replayed < 6 and len(c.stub.replayed) == job.replayed
+    assert len(c.stub.messages) == 6 - job.replayed
+
+
+def test_a_search_runs_off_the_event_loop_and_holds_up_no_other_request(monkeypatch):
+    real = query.search
+
+    def slow(*args, **kwargs):
+        time.sleep(1.0)  # a search of a very large archive, as the event loop would feel it if it ran there
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(query, "search", slow)
+    c = _console()
+    with c.web as web:  # one event loop for every request, as a server has
+        searching = threading.Thread(target=lambda: web.get("/failures", params={"q": "m1"}, headers=VIEWER))
+        searching.start()
+        time.sleep(0.2)
+        started = time.perf_counter()
+        assert web.get("/api/jobs/none", headers=BEARER_VIEWER).status_code == 404
+        waited = time.perf_counter() - started
+        assert searching.is_alive()
+        searching.join()
+    assert waited < 0.25

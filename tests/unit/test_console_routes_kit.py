@@ -1,14 +1,15 @@
 """The console's own application over a stubbed archive (no broker, no socket), and a browser's reading of its
 pages: the kit of test_console_guard.py and test_console_routes.py (it holds no test of its own).
 
-The stub is the console's one seam to the broker, :class:`kombu_events.console.reading.Service`: its
-snapshot, purge and replay work on a list of :class:`~kombu_events.ops.archive.ArchivedMessage` in memory;
+The stub is the console's one seam to the broker, :class:`kombu_events.console.reading.Service`: its index is
+the console's own :class:`~kombu_events.console.index.ArchiveIndex`, fed the records of an archive kept in
+memory (archived copies, then the settlements its purges and replays append, as the stream would hold them);
 its ``connection`` refuses, so any route that goes around the seam fails loudly.
 """
 from __future__ import annotations
 
 import base64
-import time
+import hashlib
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from typing import Any, Callable, Iterable
@@ -19,8 +20,11 @@ from starlette.testclient import TestClient
 
 from kombu_events import Events
 from kombu_events.console import AuthSettings, ConsoleSettings, create_app
+from kombu_events.console.entries import Entry
+from kombu_events.console.index import IndexView
 from kombu_events.console.jobs import Jobs
-from kombu_events.console.reading import Service, Snapshot
+from kombu_events.console.reading import Service
+from kombu_events.core.archive_records import PURGED, REPLAYED, Settlement
 from kombu_events.ops.archive import ArchivedMessage, ReplayProgress
 from kombu_events.ops.status import QueueStatus
 
@@ -43,25 +47,62 @@ BEARER_VIEWER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
 JSON = {"Content-Type": "application/json"}
 
 
+def key_of(message_id: str, copy: int = 0) -> str:
+    """The archive key the tests give the ``copy``-th archived copy of ``message_id`` (20 hex digits)."""
+    return hashlib.sha1(f"{message_id}\0{copy}".encode()).hexdigest()[:20]
+
+
 def archived(message_id: str, handler: str = "orders", exception: str = "KeyError: 'order 1 not found'",
-             body: bytes = b'{"order": 1}', archived_at: str = "2026-11-25T10:15:00.000+00:00") -> ArchivedMessage:
-    """One archived message of service ``svc`` as the worker archives it."""
-    return ArchivedMessage(id=message_id, queue=f"svc.{handler}", routing_key=f"{handler}.1.created",
-                           reason=f"gave up after 3 attempts: {exception}", attempts=3, archived_at=archived_at,
-                           exception=exception, traceback=f"Traceback ...\n{exception}\n", headers={},
+             body: bytes = b'{"order": 1}', archived_at: str = "2026-11-25T10:15:00.000+00:00",
+             key: str | None = None) -> ArchivedMessage:
+    """One archived copy of service ``svc`` as the worker archives it (its offset: set by the stub)."""
+    return ArchivedMessage(key=key or key_of(message_id), offset=-1, id=message_id, queue=f"svc.{handler}",
+                           routing_key=f"{handler}.1.created", reason=f"gave up after 3 attempts: {exception}",
+                           attempts=3, archived_at=archived_at, exception=exception,
+                           traceback=f"Traceback ...\n{exception}\n", headers={},
                            properties={"message_id": message_id, "content_type": "application/json"},
-                           body=body, delivery_tag=0)
+                           body=body, size=len(body))
 
 
 class ArchiveStub(Service):
-    """A Service whose archive is a list in memory; what was purged and replayed is recorded."""
+    """A Service whose archive stream is a list in memory, read by the console's own index; what was purged
+    and replayed is recorded (by archive key)."""
+
+    catch_up_wait_s = 0.0  # nothing more will come: a page made while "catching up" answers at once
 
     def __init__(self, events: Events, messages: Iterable[ArchivedMessage] = ()) -> None:
-        super().__init__(events, broker_url=BROKER_URL, max_age_s=0.0)
-        self.messages = list(messages)
+        super().__init__(events, broker_url=BROKER_URL)
+        self.stream: list[ArchivedMessage | Settlement] = []
         self.purged: list[str] = []
-        self.replayed: list[tuple[str, str | None, bytes | None]] = []  # (id, to_queue, edited body)
+        self.replayed: list[tuple[str, str | None, bytes | None]] = []  # (key, to_queue, edited body)
         self.fail_with: BaseException | None = None
+        for message in messages:
+            self.add(message)
+        self.index.reached(len(self.stream) - 1 if self.stream else None)
+
+    def add(self, message: ArchivedMessage) -> ArchivedMessage:
+        """Append ``message`` to the archive (as a worker does), read by the index at once."""
+        message.offset = len(self.stream)
+        self.stream.append(message)
+        self.index.apply(message)
+        return message
+
+    def settle(self, action: str, keys: list[str], by: str = "someone") -> None:
+        """Append a settlement of ``keys`` (as another console or the CLI does), read by the index at once."""
+        record = Settlement(action, tuple(keys), by, "2026-11-25T12:00:00.000+00:00", offset=len(self.stream))
+        self.stream.append(record)
+        self.index.apply(record)
+
+    @property
+    def messages(self) -> list[ArchivedMessage]:
+        """The copies still archived, in stream order."""
+        return [m for m in self.stream if isinstance(m, ArchivedMessage) and self.index.get(m.key) is not None]
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
     def connection(self) -> Any:
         raise AssertionError("the archive stub has no broker: act through the Service's methods")
@@ -71,25 +112,45 @@ class ArchiveStub(Service):
         return [QueueStatus(q.name, "handler", 0, 0, 1, state="consuming") for q in self.topology.handler_queues] \
             + [QueueStatus("svc.archive", "archive", len(self.messages), 0, 0)]
 
-    def snapshot(self, *, fresh: bool = False) -> Snapshot:
+    def view(self) -> IndexView:
         self._maybe_fail()
-        return Snapshot(tuple(self.messages), time.time(), 0.0)
+        return super().view()
 
-    def purge(self, ids: set[str]) -> list[ArchivedMessage]:
-        removed = [m for m in self.messages if m.id in ids]
-        self.messages = [m for m in self.messages if m.id not in ids]
-        self.purged += [m.id for m in removed]
-        return removed
+    def entry(self, key: str) -> Entry | None:
+        self._maybe_fail()
+        return super().entry(key)
+
+    def read(self, entry: Entry, *, body_limit: int | None) -> ArchivedMessage | None:
+        found = self.stream[entry.offset]
+        assert isinstance(found, ArchivedMessage) and found.key == entry.key
+        if body_limit is None:
+            return found
+        return ArchivedMessage(**{**found.__dict__, "body": found.body[:body_limit]})
+
+    def purge(self, keys: Any, *, by: str, note: str = "") -> list[ArchivedMessage]:
+        chosen = [m for m in self.messages if m.key in set(keys)]
+        self.settle(PURGED, [m.key for m in chosen], by)
+        self.purged += [m.key for m in chosen]
+        return chosen
 
     def replay(self, match: Callable[[ArchivedMessage], bool], limit: int | None = None, *,
                to_queue: str | None = None, stamp: Any = None, edits: dict[str, bytes] | None = None,
-               progress: ReplayProgress | None = None, **options: Any
+               progress: ReplayProgress | None = None, window: int = 200,
+               on_window: Callable[[list[ArchivedMessage]], Any] | None = None, **options: Any
                ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
         chosen = [m for m in self.messages if match(m)][:limit]
-        self.messages = [m for m in self.messages if m not in chosen]
-        self.replayed += [(m.id, to_queue, (edits or {}).get(m.id)) for m in chosen]
         if progress is not None:
-            progress.copies_confirmed += len(chosen)
+            chosen = [m for m in chosen if m.key not in progress.settled]
+        for start in range(0, len(chosen), window):  # as ops.archive.replay: a window sent, then settled
+            batch = chosen[start:start + window]
+            self.settle(REPLAYED, [m.key for m in batch], "console")
+            self.replayed += [(m.key, to_queue, (edits or {}).get(m.key)) for m in batch]
+            if progress is not None:
+                progress.copies_confirmed += len(batch)
+                progress.commits += 1
+                progress.settled.update(m.key for m in batch)
+            if on_window is not None:
+                on_window(batch)
         return chosen, []
 
     def _maybe_fail(self) -> None:
@@ -136,7 +197,7 @@ def _decoded_once(app: Any) -> Any:
     """``app`` given the path as a server gives it: percent-decoded once (uvicorn: ``unquote(raw_path)``).
 
     Starlette's TestClient decodes it twice (httpx's ``URL.path`` is decoded already), which would make
-    ``/events/%252F`` (the id ``%2F``) reach the application as ``/events//``.
+    ``/events/%252F`` (the key ``%2F``) reach the application as ``/events//``.
     """
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("raw_path") is not None:

@@ -1,6 +1,8 @@
 """migrate.migration_steps: the steps for every state a queue and its holding queue can be in (no broker)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from kombu import Queue
 
@@ -87,8 +89,12 @@ def test_a_moved_copy_keeps_what_the_publisher_set_and_drops_what_the_broker_did
 
 from kombu_events.broker.stream_headers import unpack  # noqa: E402
 from kombu_events.ops.archive_rewrite import Seen  # noqa: E402
-from kombu_events.ops.migrate import _IntoStream  # noqa: E402
-from kombu_events.ops.migrate import ArchiveState, archive_holding_name, archive_steps  # noqa: E402
+from kombu_events.ops.migrate import (  # noqa: E402
+    ArchiveState,
+    _IntoStream,
+    archive_holding_name,
+    archive_steps,
+)
 
 ARCHIVE = "billing.archive"
 MOVING = archive_holding_name(ARCHIVE)
@@ -127,16 +133,14 @@ def test_a_reader_of_the_old_archive_refuses_the_move():
 
 
 def test_a_moved_copy_gets_a_key_and_its_header_table_packed_as_the_worker_packs_it():
-    class Old:
-        body = b"{}"
-        properties = {"message_id": "m", "application_headers": {
-            "kombu-events-archived-at": "t1", "x-death": [{"count": 1}], "t": {"k": "v"}}}
+    table = {"kombu-events-archived-at": "t1", "x-death": [{"count": 1}], "t": {"k": "v"}}
+    old = SimpleNamespace(body=b"{}", properties={"message_id": "m", "application_headers": table})
 
-    body, properties = _IntoStream(Seen(), userid=None)(Old())
+    body, properties = _IntoStream(Seen(), userid=None)(old)
     stored = properties["application_headers"]
     assert body == b"{}" and len(stored["kombu-events-archive-key"]) == 20
     assert "x-death" not in stored and stored["kombu-events-archived-at"] == "t1"
-    assert unpack(stored) == {**Old.properties["application_headers"],
+    assert unpack(stored) == {**table,
                               "kombu-events-archive-key": stored["kombu-events-archive-key"]}
 
 

@@ -8,8 +8,13 @@ from kombu import Exchange, Queue, binding
 from kombu_events.core.backoff import Exponential
 from kombu_events.core.config import Settings
 from kombu_events.core.handlers import Handler
-from kombu_events.core.topology import (ARCHIVE_SEGMENT_BYTES, NO_DELIVERY_LIMIT, Topology, archive_segment_bytes,
-                                        build_topology)
+from kombu_events.core.topology import (
+    ARCHIVE_SEGMENT_BYTES,
+    NO_DELIVERY_LIMIT,
+    Topology,
+    archive_segment_bytes,
+    build_topology,
+)
 from kombu_events.errors import DelayTooLongError
 
 CLASSIC = {"x-queue-type": "classic"}
