@@ -128,15 +128,20 @@ class Console:
             cwd=directory, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def get(self, path: str, timeout: float = 120) -> tuple[float, int, bytes]:
+        took, status, body, _ = self.answer(path, timeout)
+        return took, status, body
+
+    def answer(self, path: str, timeout: float = 120) -> tuple[float, int, bytes, Any]:
+        """(seconds, status, body, headers) of a GET."""
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}",
                                          headers={"Authorization": f"Bearer {TOKEN}", "Sec-Fetch-Site": "same-origin"})
         started = time.perf_counter()
         try:
             with urllib.request.urlopen(request, timeout=timeout) as answer:
-                body, status = answer.read(), answer.status
+                body, status, headers = answer.read(), answer.status, answer.headers
         except urllib.error.HTTPError as exc:
-            body, status = exc.read(), exc.code
-        return time.perf_counter() - started, status, body
+            body, status, headers = exc.read(), exc.code, exc.headers
+        return time.perf_counter() - started, status, body, headers
 
     def rss_mib(self) -> tuple[int, int]:
         """(VmRSS, VmHWM) in MiB."""
@@ -160,11 +165,11 @@ def console_figures(console: Console, n: int, reads: int) -> None:
     deadline = started + 900
     while time.monotonic() < deadline:
         try:
-            _, status, body = console.get("/api/archive?limit=1", timeout=5)
+            _, status, body, headers = console.answer("/api/archive?limit=1", timeout=5)
         except OSError:
             time.sleep(0.2)
             continue
-        if status == 200 and json.loads(body).get("caught_up"):
+        if status == 200 and not headers.get("X-Index-Catching-Up"):
             break
         time.sleep(0.2)
     first_index = time.monotonic() - started
@@ -178,20 +183,29 @@ def console_figures(console: Console, n: int, reads: int) -> None:
             times.append(took)
         print(f"console: GET {path}: median {statistics.median(times) * 1000:.0f} ms, slowest "
               f"{max(times) * 1000:.0f} ms ({len(body) // 1024} KiB)")
-    words = " ".join(f"word{i}" for i in range(1500))
+    took, status, _ = console.get("/failures?" + urllib.parse.urlencode(
+        {"q": " ".join(f"word{i}" for i in range(1500))}))
+    print(f"console: a search of 1,500 words (13.5 KB) answered {status} in {took * 1000:.0f} ms")
+    words = " ".join(f"w{i:03d}" for i in range(199))  # 995 characters: the longest search taken
     found: dict[str, Any] = {}
 
     def search() -> None:
-        found["search"] = console.get("/failures?" + urllib.parse.urlencode({"q": words}))
+        found["search"] = console.answer("/failures?" + urllib.parse.urlencode({"q": words}))
 
-    thread = threading.Thread(target=search)
-    thread.start()
+    threads = [threading.Thread(target=search) for _ in range(4)]
+    for thread in threads:
+        thread.start()
     time.sleep(0.05)
     other = [console.get("/api/archive?limit=1")[0] for _ in range(10)]
-    thread.join()
-    took, status, _ = found["search"]
-    print(f"console: a search of 1,500 words answered {status} in {took * 1000:.0f} ms; meanwhile 10 other "
+    for thread in threads:
+        thread.join()
+    took, status, _, headers = found["search"]
+    print(f"console: 4 searches of 199 words (995 characters) at once answered {status} in {took * 1000:.0f} ms"
+          f"{' (partial: the time budget)' if headers.get('X-Search-Partial') else ''}; meanwhile 10 other "
           f"requests: slowest {max(other) * 1000:.0f} ms")
+    took, status, body, headers = console.answer("/failures?" + urllib.parse.urlencode({"q": "payments down"}))
+    print(f"console: a search of 2 words over {n} copies answered {status} in {took * 1000:.0f} ms"
+          f"{' (partial: its time budget)' if headers.get('X-Search-Partial') else ''}")
     for i in range(reads):
         console.get(("/failures", "/api/archive?limit=100", "/")[i % 3])
     rss, peak = console.rss_mib()

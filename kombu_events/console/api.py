@@ -43,7 +43,7 @@ def _entry(message: Any, outcome: str, why: str | None = None) -> dict[str, Any]
 
 def _listed(service: Service, text: str, limit: int, budget_s: float) -> tuple[IndexView, Found]:
     view = service.view()
-    with service.searching:
+    with service.search_turn(text):
         return view, selection(view, text, limit=limit, budget_s=budget_s)
 
 

@@ -18,7 +18,7 @@ __all__ = ["Service", "Busy"]
 
 import logging
 import threading
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Collection
 
 from kombu import Connection
@@ -29,6 +29,7 @@ from ..core.logs import safe_text, safe_url
 from ..errors import BrokerUnavailableError, KombuEventsError
 from ..ops.archive import ArchivedMessage, parse_record, purge, replay
 from ..ops.status import QueueStatus, gather
+from . import query
 from .entries import Entry
 from .follower import Follower
 from .index import ArchiveIndex, IndexView
@@ -162,6 +163,11 @@ class Service:
                            start=self.first_offset(wanted))
         self.index.wait_settled([m.key for m in purged], self.settle_wait_s)
         return purged
+
+    def search_turn(self, text: str) -> AbstractContextManager[Any]:
+        """Held while the search ``text`` runs: searches take turns (one CPU-bound thread at a time beside the
+        event loop's); no search (an empty ``text``: the first page of the index) waits for none."""
+        return nullcontext() if query.parse(text).empty else self.searching
 
     def first_offset(self, keys: Collection[str]) -> int | str:
         """The smallest offset of the indexed copies of ``keys`` (where a purge or a replay of them reads from),

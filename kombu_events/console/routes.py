@@ -50,7 +50,7 @@ async def overview(request: Request) -> Response:
 
 def _failures(service: Any, text: str, by: str, budget_s: float) -> tuple[Any, search.Found, list[search.Group]]:
     view = service.view()
-    with service.searching:
+    with service.search_turn(text):
         found = selection(view, text, budget_s=budget_s)
     return view, found, search.group(found.matched, by)
 

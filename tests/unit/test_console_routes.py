@@ -452,3 +452,26 @@ def test_a_search_runs_off_the_event_loop_and_holds_up_no_other_request(monkeypa
         assert searching.is_alive()
         searching.join()
     assert waited < 0.25
+
+
+def test_the_first_page_of_the_index_never_waits_for_a_search(monkeypatch):
+    real = query.search
+    entered = threading.Event()
+
+    def slow(copies, q, **kwargs):
+        if not q.empty:
+            entered.set()
+            time.sleep(1.0)  # a search holding its turn
+        return real(copies, q, **kwargs)
+
+    monkeypatch.setattr(query, "search", slow)
+    c = _console()
+    with c.web as web:
+        searching = threading.Thread(target=lambda: web.get("/api/archive", params={"q": "m1"}, headers=BEARER_VIEWER))
+        searching.start()
+        assert entered.wait(5)
+        started = time.perf_counter()
+        assert web.get("/api/archive", params={"limit": "1"}, headers=BEARER_VIEWER).status_code == 200
+        waited = time.perf_counter() - started
+        searching.join()
+    assert waited < 0.25, "no search: no turn to wait for"
