@@ -233,10 +233,14 @@ class ArchiveCounter:
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
+        self._reset()
+
+    def _reset(self) -> None:
         self.fold: Fold[int] = Fold()
         self.next_offset = 0
         self.bytes = 0
         self._sizes: deque[tuple[int, int]] = deque()  # (offset, bytes) of every record read, in order
+        self._last: tuple[str, ...] | None = None  # what the last record read was (see _identity)
 
     def count(self, connection: Any) -> int:
         """The copies archived now (see the class)."""
@@ -245,10 +249,21 @@ class ArchiveCounter:
         if first is not None and first > self.next_offset:
             self.next_offset = first  # retention removed what was not read yet
         start = self.next_offset
-        for record in records(connection, self.topology, start=start, body_limit=0, full=False):
+        again = start - 1 if self._last is not None else None  # the last record read: is it still there?
+        for record in records(connection, self.topology, start=start if again is None else again, body_limit=0,
+                              full=False):
+            if again is not None:
+                if record.offset < again:
+                    continue  # a read from an offset begins with that offset's chunk
+                if record.offset != again or _identity(record) != self._last:
+                    self._reset()  # the stream was made again (a rewrite): same keys, other offsets
+                    return self.count(connection)
+                again = None
+                continue
             self.next_offset = max(self.next_offset, record.offset + 1)
             if record.offset < start:
                 continue  # read again from the start of a chunk
+            self._last = _identity(record)
             if isinstance(record, Settlement):
                 self.fold.settle(record)
                 size = record.size
@@ -257,6 +272,9 @@ class ArchiveCounter:
                 size = record.size + record.stored_header_bytes
             self._sizes.append((record.offset, size))
             self.bytes += size
+        if again is not None:  # the last record read is not there any more: the stream was made again
+            self._reset()
+            return self.count(connection)
         while self._sizes and first is not None and self._sizes[0][0] < first:
             self.bytes -= self._sizes.popleft()[1]
         if first is not None:  # retention removed them: forget them (settlements older than a copy are too)
@@ -265,6 +283,13 @@ class ArchiveCounter:
             for key in [k for k, settlement in self.fold.settled.items() if settlement.offset < first]:
                 del self.fold.settled[key]
         return len(self.fold.copies)
+
+
+def _identity(record: ArchivedMessage | Settlement) -> tuple[str, ...]:
+    """What tells a record apart once offsets may have changed: a copy's key, a settlement's action, time, keys."""
+    if isinstance(record, Settlement):
+        return (record.action, record.at, *record.keys)
+    return (record.key,)
 
 
 def _first_offset(connection: Any, queue: str) -> int | None:

@@ -22,6 +22,7 @@ from kombu import Connection
 from kombu_events.broker import stream_headers, streams
 from kombu_events.core import archive_records, headers as wire
 from kombu_events.ops import archive
+from kombu_events.ops.archive_rewrite import rewrite
 from kombu_events.ops.status import gather
 
 from .harness import Project, publish_amqp, run_cli, unique, wait_for
@@ -284,3 +285,10 @@ def test_the_counter_reads_only_what_was_appended_and_counts_copies_and_bytes(pr
         assert counter.count(conn) == 0, "a purged copy is not counted"
         assert counter.next_offset == read_to + 1, "only the settlement record was read"
         assert counter.bytes > opened + 5000, "its bytes stay in the stream until retention"
+        send(project, {"fail": True, "n": 2})
+        wait_for(lambda: len(copies(project)) == 2, what="another archived copy")
+        assert counter.count(conn) == 1
+        before = counter.bytes
+        rewrite(conn, topo)  # the purged copy removed for good: the stream made again, other offsets
+        assert counter.count(conn) == 1, "a rewritten archive is counted again from its start"
+        assert before - counter.bytes > 5000, "the purged copy's bytes are gone"
