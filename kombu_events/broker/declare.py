@@ -7,7 +7,8 @@ channel of the caller's) and the exchanges it lacks (:func:`absent_exchanges`).
 from __future__ import annotations
 
 __all__ = ["declare", "declare_queue", "tolerated", "conflict_error", "QueueCounts", "queue_counts", "peek_queues",
-           "peek_queue", "absent_exchanges", "close_quietly", "open_archive"]
+           "peek_queue", "absent_exchanges", "close_quietly", "open_archive", "log_legacy_archive",
+           "ARCHIVE_RETENTION"]
 
 import logging
 import re
@@ -101,7 +102,8 @@ def tolerated(topology: Topology, queue: str) -> frozenset[str]:
     return frozenset({"x-delivery-limit"})
 
 
-#: The archive stream's retention, fixed when it was made: a later setting is taken through a policy.
+#: The archive stream's retention, fixed when it was made: `kombu-events archive rewrite` makes it again with the
+#: settings' (a stream keeps the arguments it was made with).
 ARCHIVE_RETENTION = frozenset({"x-max-age", "x-max-length-bytes", "x-stream-max-segment-size-bytes"})
 
 
@@ -162,6 +164,14 @@ def _is_legacy_archive(connection: Any, name: str) -> bool:
     return False
 
 
+def log_legacy_archive(queue: str, argument: str) -> None:
+    """The WARNING for an archive of an earlier version, kept as it is (declare, and a check without declaring)."""
+    logger.warning("kombu-events: the archive %s is a queue of an earlier kombu-events version (it differs in %s), "
+                   "not a stream: it is kept and still takes archived messages, but `archive list` and the console "
+                   "refuse to read it (a read would change it). Move it to a stream with its messages: "
+                   "`kombu-events migrate --archive`", queue, argument)
+
+
 def _log_kept(topology: Topology, queue: str, argument: str, *, legacy: bool = False) -> None:
     if topology.role(queue) == "archive" and not legacy:
         logger.warning("kombu-events: the archive stream %s was made with another %s than the settings give: a "
@@ -169,10 +179,7 @@ def _log_kept(topology: Topology, queue: str, argument: str, *, legacy: bool = F
                        "rewrite` makes it again, with its records and the settings' retention", queue, argument)
         return
     if topology.role(queue) == "archive":
-        logger.warning("kombu-events: the archive %s is a queue of an earlier kombu-events version (it differs in "
-                       "%s), not a stream: it is kept and still takes archived messages, but `archive list` and the "
-                       "console refuse to read it (a read would change it). Move it to a stream with its messages: "
-                       "`kombu-events migrate --archive`", queue, argument)
+        log_legacy_archive(queue, argument)
         return
     if topology.shared(queue):
         logger.debug("kombu-events: shared queue %s exists with another %s: kept as it is", queue, argument)

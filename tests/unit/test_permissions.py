@@ -188,3 +188,17 @@ def test_a_queue_of_the_other_type_differs_unless_it_is_the_exchanges_shared_lad
     found = differences(topology, listed)
     assert [line for line in found if deferred in line] == []  # another service declared it first
     assert any(f"queue {handler!r} is a quorum queue" in line for line in found)
+
+
+def test_an_archive_of_an_earlier_version_is_kept_with_a_warning_and_a_stream_with_other_retention_differs(caplog):
+    topology = service().topology()
+    archive = topology.archive_exchange
+    listed = _listing(topology, rabbitmq4=True)
+    listed[f"queue {archive}"] = {"type": "classic", "arguments": {"x-queue-type": "classic",
+                                                                   "x-message-ttl": 604_800_000}}
+    assert differences(topology, listed) == [], "kept, as declare keeps it: workers of both versions run"
+    assert "migrate --archive" in caplog.text
+    listed[f"queue {archive}"] = {"type": "stream", "arguments": {"x-queue-type": "stream", "x-max-age": "1s"}}
+    assert differences(topology, listed) == [], "its retention is the one it was made with (archive rewrite)"
+    listed[f"queue {archive}"] = {"type": "stream", "arguments": {"x-queue-type": "stream", "x-max-priority": 3}}
+    assert any("x-max-priority" in line for line in differences(topology, listed))
