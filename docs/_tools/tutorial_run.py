@@ -37,7 +37,7 @@ end with whatever is left in it; the worker is stopped, and the temporary direct
 
 What differs from run to run is normalised before it is written or compared, to placeholders a reader
 understands: message ids become ``<id-1>``, ``<id-2>``, ... in the order they first appear (the same id is the
-same placeholder all along the page); ISO timestamps ``YYYY-MM-DDThh:mm:ss.sss+00:00``; the worker's
+same placeholder all along the page), archive keys ``<key-1>``, ...; ISO timestamps ``YYYY-MM-DDThh:mm:ss.sss+00:00``; the worker's
 log-line times ``[…``; ``duration_ms=…``; ``ForkPoolWorker-…``; the host name ``<host>``; the vhost's URL
 the reader's ``amqp://guest:**@127.0.0.1:5672//``; the temporary home ``~``. A traceback keeps its first
 line, the frames of the service's own files and its last lines; the frames in between become ``…`` and
@@ -96,7 +96,8 @@ READY = re.compile(r"\bready\.$")
 DEFAULT_SHOW = r"WARNING/ForkPoolWorker|event outcome="
 OUTCOME_QUEUE = re.compile(r"event outcome=\S+ queue=(\S+)")
 ID = re.compile(r"\b[0-9a-f]{32}\b")
-PLACEHOLDER = re.compile(r"<id-\d+>")
+KEY = re.compile(r"\b[0-9a-f]{20}\b")  # an archive key
+PLACEHOLDER = re.compile(r"<(?:id|key)-\d+>")
 ISO_TIME = re.compile(r"\b\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
 LOG_TIME = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}: ", flags=re.MULTILINE)
 CARETS = re.compile(r"^\s*[~^]+\s*$")
@@ -251,12 +252,14 @@ class Normaliser:
         self.vhost_url = re.compile(r"amqp://[^\s/]*/" + re.escape(vhost) + r"\b")
         self.host = re.compile(r"@" + re.escape(socket.gethostname()) + r"\b")
         self.ids: dict[str, str] = {}
+        self.keys: dict[str, str] = {}
 
     def __call__(self, text: str) -> str:
         text = self.vhost_url.sub(READER_URL, text)  # first: the vhost's name is hex digits too
         for home in self.homes:
             text = text.replace(home, "~")
         text = ID.sub(lambda m: self.ids.setdefault(m.group(0), f"<id-{len(self.ids) + 1}>"), text)
+        text = KEY.sub(lambda m: self.keys.setdefault(m.group(0), f"<key-{len(self.keys) + 1}>"), text)
         text = ISO_TIME.sub("YYYY-MM-DDThh:mm:ss.sss+00:00", text)
         text = LOG_TIME.sub("[… ", text)
         text = re.sub(r"\bduration_ms=[0-9.]+", "duration_ms=…", text)
@@ -264,12 +267,12 @@ class Normaliser:
         return self.host.sub("@<host>", text)
 
     def restore(self, text: str) -> str:
-        """``text`` with each ``<id-N>`` put back to the id it stands for."""
-        real = {placeholder: found for found, placeholder in self.ids.items()}
+        """``text`` with each ``<id-N>`` (``<key-N>``) put back to the message id (archive key) it stands for."""
+        real = {placeholder: found for found, placeholder in [*self.ids.items(), *self.keys.items()]}
 
         def back(match: re.Match[str]) -> str:
             if match.group(0) not in real:
-                raise RunError(f"{match.group(0)} stands for no message id the run has seen yet")
+                raise RunError(f"{match.group(0)} stands for no message id or archive key the run has seen yet")
             return real[match.group(0)]
 
         return PLACEHOLDER.sub(back, text)

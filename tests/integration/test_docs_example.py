@@ -20,4 +20,4 @@ def test_the_example_of_the_testing_page_passes(broker_url):
     result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA"],
                             cwd=EXAMPLES, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "5 passed" in result.stdout and "skipped" not in result.stdout, result.stdout
+    assert "6 passed" in result.stdout and "skipped" not in result.stdout, result.stdout
