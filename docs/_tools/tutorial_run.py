@@ -37,8 +37,9 @@ end with whatever is left in it; the worker is stopped, and the temporary direct
 
 What differs from run to run is normalised before it is written or compared, to placeholders a reader
 understands: message ids become ``<id-1>``, ``<id-2>``, ... in the order they first appear (the same id is the
-same placeholder all along the page), archive keys ``<key-1>``, ...; ISO timestamps ``YYYY-MM-DDThh:mm:ss.sss+00:00``; the worker's
-log-line times ``[…``; ``duration_ms=…``; ``ForkPoolWorker-…``; the host name ``<host>``; the vhost's URL
+same placeholder all along the page), archive keys ``<key-1>``, ...; ISO timestamps
+``YYYY-MM-DDThh:mm:ss.sss+00:00``; the worker's log-line times ``[…``; ``duration_ms=…``; ``ForkPoolWorker-…``;
+the host name ``<host>``; the vhost's URL
 the reader's ``amqp://guest:**@127.0.0.1:5672//``; the temporary home ``~``. A traceback keeps its first
 line, the frames of the service's own files and its last lines; the frames in between become ``…`` and
 Python 3.11's ``^^^`` lines go (so it reads the same on every Python).
