@@ -94,14 +94,15 @@ def connected_port(cluster: PrivateBroker, via: int) -> set[int]:
 
 
 def unacked_anywhere(cluster: PrivateBroker, via: int) -> dict[str, tuple[int, int]]:
-    """Queues holding a message, ready or unacknowledged: name -> (ready, unacked)."""
-    output = cluster.ctl(via, "list_queues", "name", "messages_ready", "messages_unacknowledged",
+    """Queues holding a message, ready or unacknowledged: name -> (ready, unacked). A stream (the archive) keeps
+    what it holds, read or not: left out."""
+    output = cluster.ctl(via, "list_queues", "name", "type", "messages_ready", "messages_unacknowledged",
                          "--no-table-headers", "--silent")
     held = {}
     for line in output.splitlines():
         parts = line.split()
-        if len(parts) == 3 and (parts[1] != "0" or parts[2] != "0"):
-            held[parts[0]] = (int(parts[1]), int(parts[2]))
+        if len(parts) == 4 and parts[1] != "stream" and (parts[2] != "0" or parts[3] != "0"):
+            held[parts[0]] = (int(parts[2]), int(parts[3]))
     return held
 
 
