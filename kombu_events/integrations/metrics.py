@@ -143,21 +143,26 @@ class PrometheusMetrics(Middleware):
 
     def _count_archive(self, events: Any, service: str) -> None:
         counter = ArchiveCounter(events.topology())
+        failures = 0
         while True:
             try:
                 with connected(str(events.broker_url), getattr(events, "app", None)) as conn:
                     while True:
                         self.archive_depths[service] = counter.count(conn)
                         self.archive_bytes[service] = counter.bytes
+                        failures = 0
                         time.sleep(REFRESH_S)
             except LegacyArchiveError:
                 logger.warning("kombu-events: the archive of service %s is a queue of an earlier version: its depth "
                                "is not exported until `kombu-events migrate --archive` moves it", service)
                 return
-            except Exception:  # the broker went away: count again on a new connection
-                logger.warning("kombu-events: counting the archive of service %s failed; trying again in %g s",
-                               service, REFRESH_S, exc_info=True)
-                time.sleep(REFRESH_S)
+            except Exception:  # the broker went away, or the archive is not declared yet: again, soon
+                failures += 1
+                wait_s = min(REFRESH_S, 0.5 * 2 ** (failures - 1))
+                logger.log(logging.WARNING if failures > 1 else logging.INFO,
+                           "kombu-events: counting the archive of service %s failed; trying again in %g s", service,
+                           wait_s, exc_info=failures > 1)
+                time.sleep(wait_s)
 
     def received(self, delivery: Any) -> None:
         """One more message in flight."""
