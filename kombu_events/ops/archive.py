@@ -28,6 +28,7 @@ import logging
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping
 
 from amqp import Message
@@ -425,8 +426,8 @@ class _Sender:
             body, properties = self.copy_of(message)
             address = self.topology.address(queue, 0)
             self.confirmer.publish(Message(body, **properties), address.exchange, address.routing_key,
-                                   on_ok=lambda m=message, q=queue: confirmed.append((m, q)),
-                                   on_fail=lambda why, m=message: kept.append((m, f"copy {why}; kept archived")))
+                                   on_ok=partial(confirmed.append, (message, queue)),
+                                   on_fail=partial(_kept_because, kept, message))
         self._wait("the replayed copies")
         if not confirmed:
             return
@@ -456,6 +457,10 @@ class _Sender:
         if self.confirmer.pending:
             raise KombuEventsError(f"the broker confirmed none of {what} in {self.timeout_s:g} s "
                                    f"({self.confirmer.pending} waiting); nothing was settled")
+
+
+def _kept_because(kept: list[tuple[ArchivedMessage, str]], message: ArchivedMessage, why: str) -> None:
+    kept.append((message, f"copy {why}; kept archived"))
 
 
 def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],

@@ -195,7 +195,8 @@ def rewrite(connection: Any, topology: Topology, *, erase_keys: Iterable[str] | 
     erase = _erasable(connection, topology, set(erase_keys or ()))
     if not erase and not always:
         return counts
-    _declare(connection, Queue(temporary, durable=True, queue_arguments=dict(declaration.queue_arguments or {})))
+    arguments = dict(getattr(declaration, "queue_arguments", None) or {})
+    _declare(connection, Queue(temporary, durable=True, queue_arguments=arguments))
     out = transfer(connection, archive, temporary, archive, _without(erase))
     _delete(connection, archive)
     _declare(connection, declaration)

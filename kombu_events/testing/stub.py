@@ -184,7 +184,8 @@ class StubEvents:
         services = registry.services_of(self.app)
         if len(services) != 1:
             raise ConfigurationError(f"the app has {len(services)} services: pass events=")
-        return services[0]
+        found: Events = services[0]
+        return found
 
     def calls(self, handler: Callable[..., Any]) -> list[Any]:
         """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True.
