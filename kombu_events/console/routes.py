@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from ..ops.archive import PREVIEW_BYTES
+from ..ops.archive import PREVIEW_BYTES, ArchivedMessage
 from . import api, query as search
 from .actions import cancel, edit, job, purge_page, replay
 from .common import event_url, guarded, id_route, page, selection, service_of
@@ -99,17 +99,27 @@ def _key_of(request: Request) -> str:
     return str(key)
 
 
-@guarded
-async def event(request: Request) -> Response:
-    """One archived copy: the failure, traceback, properties, headers, a preview of its body (read at its
-    offset), and a link to download the whole body."""
+async def _copy(request: Request, body_limit: int | None) -> tuple[Entry, ArchivedMessage] | Response:
+    """The indexed entry of the request's key and its copy read at its offset (``body_limit``: the body's first
+    bytes), or the page that says why there is none."""
     service, key = service_of(request), _key_of(request)
     entry = await run_in_threadpool(service.entry, key)
     if entry is None:
         return await _not_archived(request, key)
-    message = await run_in_threadpool(lambda: service.read(entry, body_limit=PREVIEW_BYTES))
+    message = await run_in_threadpool(lambda: service.read(entry, body_limit=body_limit))
     if message is None:
         return page(request, "error.html", 404, error=f"the copy {key!r} left the archive stream (retention)")
+    return entry, message
+
+
+@guarded
+async def event(request: Request) -> Response:
+    """One archived copy: the failure, traceback, properties, headers, a preview of its body (read at its
+    offset), and a link to download the whole body."""
+    found = await _copy(request, PREVIEW_BYTES)
+    if isinstance(found, Response):
+        return found
+    entry, message = found
     return page(request, "event.html", m=message, entry=entry, view=event_view(message))
 
 
@@ -122,13 +132,10 @@ def _filename(entry: Entry) -> str:
 @guarded
 async def body(request: Request) -> Response:
     """The whole body of one archived copy, as a download (read at its offset when asked, never kept)."""
-    service, key = service_of(request), _key_of(request)
-    entry = await run_in_threadpool(service.entry, key)
-    if entry is None:
-        return await _not_archived(request, key)
-    message = await run_in_threadpool(lambda: service.read(entry, body_limit=None))
-    if message is None:
-        return page(request, "error.html", 404, error=f"the copy {key!r} left the archive stream (retention)")
+    found = await _copy(request, None)
+    if isinstance(found, Response):
+        return found
+    entry, message = found
     return Response(message.body, media_type="application/octet-stream",
                     headers={"content-disposition": f'attachment; filename="{_filename(entry)}"'})
 
