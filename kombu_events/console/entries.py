@@ -25,9 +25,13 @@ TEXT_CHARS = 500
 _SHORT_CHARS = 255
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Entry:
     """One archived copy as the index keeps it (``prefix``: the first :data:`BODY_PREFIX_BYTES` of its body)."""
+
+    # Slots by hand (``dataclass(slots=True)`` is 3.10's): the index holds up to the archive's whole length.
+    __slots__ = ("key", "offset", "id", "queue", "routing_key", "reason", "exception", "archived_at",
+                 "attempts", "content_type", "prefix", "size", "failure")
 
     key: str
     offset: int
