@@ -40,7 +40,7 @@ from kombu import Connection
 
 from kombu_events.broker import stream_headers, streams
 from kombu_events.broker.confirms import Confirmer
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 
 from .broker import delete, leftovers, unique
 from .procs import ROOT

@@ -72,7 +72,7 @@ def publish(url: str, items: list[tuple[str, str, Message]]) -> None:
     publisher = Publisher(url)
     try:
         for start in range(0, len(items), CHUNK):
-            errors = [e for e in publisher.publish_many(items[start:start + CHUNK]) if e is not None]
+            errors = [e for e in publisher.send_many(items[start:start + CHUNK]) if e is not None]
             if errors:
                 raise errors[0]
     finally:

@@ -98,7 +98,7 @@ def run(pool: str, budget: int, n: int, body: int, workdir: Path) -> dict[str, o
         publisher = Publisher(URL)
         try:
             items = [(exchange, f"big.{i}", build_message({"id": i, "pad": "x" * (body - 40)})) for i in range(n)]
-            assert publisher.publish_many(items) == [None] * n
+            assert publisher.send_many(items) == [None] * n
         finally:
             publisher.close()
         deadline = time.monotonic() + 300

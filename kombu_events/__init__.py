@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .core.backoff import Constant, Exponential
-from .core.circuit import CircuitBreaker
+from .core.breaker import CircuitBreaker
 from .core.decision import DEFERRED, Outcome
 from .core.delivery import Delivery
 from .core.event import Event
@@ -31,8 +31,8 @@ from .errors import (
 from .events import Events
 from .middleware.base import Middleware
 from .publishing.backlog import Backlog
-from .publishing.backlog_policy import Published
-from .publishing.checks import PublisherCheck
+from .publishing.health import PublisherCheck
+from .publishing.published import Published
 from .version import __version__ as __version__
 
 __all__ = [

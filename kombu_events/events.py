@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping, TypeVar
 from . import registry
 from .core import names
 from .core.backoff import Backoff
-from .core.circuit import CircuitBreaker
+from .core.breaker import CircuitBreaker
 from .core.codec import accept_set
 from .core.config import Settings, broker_url, check_setting_names, resolve_settings
 from .core.contracts import Publication
@@ -25,8 +25,8 @@ from .middleware.base import Hooks, Middleware
 from .middleware.stack import MiddlewareStack
 from .periodic.schedules import Schedules
 from .publishing.backlog import Backlog
-from .publishing.backlog_policy import Published
-from .publishing.checks import PublisherCheck
+from .publishing.health import PublisherCheck
+from .publishing.published import Published
 from .publishing.service import ServicePublisher
 from .registry import Route
 from .worker.bootstep import install
@@ -140,35 +140,16 @@ class Events:
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: call the function for every event whose routing key matches ``binding_keys``.
 
-        The function gets the decoded payload (``raw=True``: the body bytes), or with
-        ``bind=True`` an :class:`~kombu_events.Event`. Its queue is ``<service>.<name>``
-        unless ``queue=`` names it. ``circuit_breaker=CircuitBreaker(...)`` pauses its
-        queue while it keeps failing (None: the service's ``circuit_breaker`` setting;
-        False: none). ``prefetch``: messages of this queue in flight per worker (default:
-        the service's ``prefetch_count``); ``single_active_consumer``: only one worker of
-        the fleet receives from the queue at a time (with ``prefetch=1``: one message at
-        a time, in queue order, across the fleet).
+        The function gets the decoded payload (``raw=True``: the body bytes), or with ``bind=True``
+        an :class:`~kombu_events.Event`; a parameter annotated with a type (a pydantic model, a
+        dataclass, a ``TypedDict``...) gets a validated instance. Its queue is ``<service>.<name>``
+        unless ``queue=`` names it. An ``async def`` function is awaited on an asyncio event loop in
+        the pool process (or thread). A function the worker could not run as written is refused here,
+        with ConfigurationError: a generator function, a class, one that cannot take one positional
+        argument, or an annotation pydantic cannot validate.
 
-        A parameter annotated with a type (a pydantic model, a dataclass, a ``TypedDict``...)
-        gets a validated instance; a payload that does not fit is archived at once
-        (docs/contracts.md). ``type="..."`` runs it only for events of that message type
-        (an envelope's, or the ``type`` property): others are acked; with no binding key
-        its queue is bound with ``#``. ``publishers={"orders", ...}`` runs it only for events
-        published by those RabbitMQ users (the ``user_id`` property, which RabbitMQ checks
-        against the publishing connection's user); others are archived without running it.
-
-        ``once=True`` runs it effectively once per event with the service's ``database=``:
-        inside a transaction that also inserts the event's key into the inbox, so a
-        redelivered event whose key is committed is acked without running it. The key is the
-        ``message_id``, else a hash of routing key and body; ``once=<callable(event) -> str>``
-        gives it. With SQLAlchemy the handler reaches the transaction through
-        ``kombu_events.database.session()`` (docs/effectively-once.md).
-
-        An ``async def`` function is awaited on an asyncio event loop in the pool process
-        (or thread), up to ``async_concurrency`` at once (docs/howto/pools.md). A function
-        the worker could not run as written is refused here, with ConfigurationError: a
-        generator function (calling it would not run its body), a class, one that cannot
-        take one positional argument, or an annotation pydantic cannot validate.
+        What each option does (retries, circuit breaker, prefetch, ``type``, ``publishers``, ``once``...):
+        *Handler options* in the API reference (docs/api.md).
         """
         keys, options = handler_options(
             binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
@@ -267,7 +248,7 @@ class Events:
     def hooks(self) -> Hooks:
         """The service's middleware, grouped by hook (see :class:`~kombu_events.Middleware`).
 
-        With periodic schedules, their ``Seeder`` (``kombu_events.periodic.runner``) comes after the
+        With periodic schedules, their ``Seeder`` (``kombu_events.periodic.tokens``) comes after the
         user's; with circuit breakers, their ``Breakers`` (``kombu_events.middleware.breakers``) comes last.
         """
         return self._middleware.hooks(self.handlers, self._schedules.seeder(),

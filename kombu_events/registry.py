@@ -3,20 +3,23 @@
 It sits at the bottom of the package: ``events`` registers services here, the
 bootstep finds them here, and the runner in a pool process finds a queue's route
 here. The bootstep resolves every route before the pool forks, so forked
-processes inherit them ready-made.
+processes inherit them ready-made. :class:`EventsService` names what the layers
+below ``events`` read of a service, since they may not import ``Events``.
 """
 from __future__ import annotations
 
-__all__ = ["Route", "register", "services_of", "resolve", "route", "reset", "services"]
+__all__ = ["Route", "EventsService", "register", "services_of", "resolve", "route", "reset", "services"]
 
 import logging
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from .core.codec import MAX_BODY_BYTES, decode
+from .core.config import Settings
 from .core.handlers import Handler, awaits
-from .middleware.base import Hooks
+from .core.topology import Topology
+from .middleware.base import Hooks, Middleware
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +46,77 @@ class Route:
         return awaits(self.handler.fn)
 
 
-#: Every ``Events`` created in this process, in creation order.
+class EventsService(Protocol):
+    """An :class:`~kombu_events.Events` service as the layers below ``events`` read it.
+
+    The layers contract (setup.cfg) keeps the registry, the database relay, the integrations,
+    the worker and the console from importing ``Events``; they name it by this instead. It
+    lives here, beside :class:`Route`, because the registry is the lowest layer that holds
+    services. ``Events`` fits it structurally: mypy checks so where ``Events.__init__``
+    passes itself to :func:`register`, and tests/unit/test_events_service.py at runtime.
+    Members whose types live in layers above this one are typed ``object``.
+    """
+
+    @property
+    def service(self) -> str:
+        """The service's name, the owner of its queues and exchanges."""
+
+    @property
+    def app(self) -> Any:
+        """The Celery app the service is registered on."""
+
+    @property
+    def broker_url(self) -> str:
+        """The broker the service publishes to, and the console and the metrics connect to."""
+
+    @property
+    def settings(self) -> Settings:
+        """The resolved, validated settings."""
+
+    @property
+    def handlers(self) -> tuple[Handler, ...]:
+        """The registered handlers, periodic schedules' included."""
+
+    @property
+    def prefetch_count(self) -> int:
+        """Messages in flight per handler queue and worker, unless a handler sets its own."""
+
+    @property
+    def hooks(self) -> Hooks:
+        """The service's middleware, grouped by hook."""
+
+    @property
+    def publishing(self) -> object:
+        """The service's publisher (a :class:`~kombu_events.publishing.service.ServicePublisher`)."""
+
+    @property
+    def database(self) -> object | None:
+        """The ``database=`` backend of the inbox and the outbox (a ``database.Backend``), or None."""
+
+    @property
+    def outbox(self) -> object | None:
+        """The outbox ``publish`` writes to inside a transaction (``outbox=True``), or None."""
+
+    def topology(self) -> Topology:
+        """The service's full topology (unbound kombu entities)."""
+
+    def routes(self) -> list[Route]:
+        """The route of each handler queue."""
+
+    def never_declare(self) -> None:
+        """Check the topology, never declare it, in this process (``--events-no-declare``)."""
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Add ``middleware`` after the service's own (before the pool forks)."""
+
+
+#: Every ``Events`` created in this process, in creation order. ``Any``, not :class:`EventsService`: the
+#: layers above ``events`` (``cli``, ``testing``) read what this module hands back as the ``Events`` it is.
 services: list[Any] = []
 _routes: dict[str, Route] = {}
 
 
-def register(events: Any) -> None:
+def register(events: EventsService) -> None:
     """Add an ``Events`` service (called by ``Events.__init__``)."""
     services.append(events)
 

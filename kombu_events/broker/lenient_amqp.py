@@ -8,7 +8,7 @@ then ends the worker, and the broker redelivers the message to the next worker.
 
 With the guard installed, the strict decoders still run first; only where they raise
 is the frame decoded leniently: text that is not UTF-8 keeps its bytes (as surrogate
-escapes, which :func:`kombu_events.core.headers.as_sent` turns back into the same bytes),
+escapes, which :func:`kombu_events.core.wire.as_sent` turns back into the same bytes),
 an undecodable header table is kept whole as bytes under ``kombu-events-unreadable-headers``,
 and the message is marked (:data:`kombu_events.core.delivery.UNREADABLE`) so that the
 consumer archives it with the reason. Messages py-amqp can decode are untouched.
@@ -26,8 +26,8 @@ import amqp.serialization
 from amqp.spec import Basic
 
 from ..core.delivery import UNREADABLE
-from ..core.headers import UNREADABLE_HEADERS, Undecoded
 from ..core.logs import escape_controls
+from ..core.wire import UNREADABLE_HEADERS, Undecoded
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from amqp.serialization import dumps, loads
 
-from ..core import headers as wire
+from ..core import wire
 
 #: The whole header table of an archived copy, serialized as AMQP 0-9-1 does (a field table).
 PACKED = wire.PACKED_HEADERS

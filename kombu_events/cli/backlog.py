@@ -13,9 +13,9 @@ from ..core.config import broker_url
 from ..core.logs import safe_text
 from ..errors import KombuEventsError
 from ..publishing.backlog import Backlog
+from ..publishing.breakers import PublisherBreakers
 from ..publishing.buffered import BacklogPublisher
-from ..publishing.checks import broker_check
-from ..publishing.circuits import Guard
+from ..publishing.health import broker_check
 from ..publishing.publisher import Publisher
 from .common import Context, emit_json, examples, failed, guarded, json_option, over_threshold
 
@@ -41,7 +41,7 @@ def _backlog_publisher(obj: Context, path: str | None) -> BacklogPublisher:
         raise KombuEventsError(f"no backlog at {path!r}")
     url = obj.url if obj.app_name else broker_url(None, obj.broker)
     publisher = Publisher(url, app=obj.app)
-    return BacklogPublisher(Backlog(path), lambda: publisher, Guard([broker_check(url, obj.app)]))
+    return BacklogPublisher(Backlog(path), lambda: publisher, PublisherBreakers([broker_check(url, obj.app)]))
 
 
 @backlog.command("status")

@@ -21,6 +21,7 @@ from ..broker.connections import connected
 from ..core.config import broker_url
 from ..core.logs import safe_text
 from ..errors import KombuEventsError
+from ..events import Events
 
 #: The exit codes of every command (docs/cli.md, "Exit codes"): done and fine; an error (the broker cannot be
 #: reached, bad input, a usage error, a replay or flush that left messages behind); a check that ran and found
@@ -35,10 +36,10 @@ class Context:
 
     def __init__(self, app_name: str | None, broker: str | None, service: str | None) -> None:
         self.app_name, self.broker, self.service_name = app_name, broker, service
-        self._events: Any = None
+        self._events: Events | None = None
 
     @property
-    def events(self) -> Any:
+    def events(self) -> Events:
         """The selected :class:`~kombu_events.Events` of the ``-A`` app."""
         if self._events is None:
             self._events = _select(self.app_name, self.service_name)
@@ -49,7 +50,7 @@ class Context:
         """``--broker``, else the service's ``events.broker_url`` (``Events(broker=)``, ``RABBIT_URL``, the app's)."""
         if self.broker or not self.app_name:
             return broker_url(None, self.broker)
-        return str(self.events.broker_url)
+        return self.events.broker_url
 
     @property
     def app(self) -> Any:
@@ -61,7 +62,7 @@ class Context:
         return connected(self.url, self.app)
 
 
-def _select(app_name: str | None, service: str | None) -> Any:
+def _select(app_name: str | None, service: str | None) -> Events:
     from celery.app.utils import find_app
 
     if not app_name:

@@ -18,7 +18,7 @@ from ..core.schedule import summary
 from ..errors import BrokerUnavailableError
 from ..ops.health import missing_exchanges, problems
 from ..ops.status import PAUSED, gather
-from ..periodic.runner import now_ms, peek_state
+from ..periodic.tokens import now_ms, peek_state
 from .common import Context, emit_json, examples, failed, guarded, json_option, over_threshold
 
 #: Every key of a ``schedules --json`` row, null when it does not apply (a schedule that never ran).

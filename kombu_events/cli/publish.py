@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from ..core.config import Settings, broker_url
-from ..core.headers import PREFIX
 from ..core.topology import build_topology
+from ..core.wire import PREFIX
 from ..errors import KombuEventsError
 from ..publishing.publisher import Publisher, addressed, build_message
 from .common import Context, emit_json, examples, guarded, json_option
@@ -117,7 +117,7 @@ def publish(obj: Context, routing_key: str, payload: str, exchange: str | None, 
     target, key = addressed(build_topology(settings, ()), routing_key, message, delay)
     publisher = Publisher(url, app=obj.app)
     try:
-        publisher.publish(target, key, message)
+        publisher.send(target, key, message)
     finally:
         publisher.close()
     if as_json:

@@ -5,15 +5,16 @@ message."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import click
+from kombu import Queue
 
 from ..broker.declare import declare
 from ..broker.version import QUORUM_QUEUES, require
 from ..core.logs import safe_url
 from ..core.topology import Topology, build_topology
-from ..ops import migrate
+from ..ops import migrate, migrate_archive
 from ..ops.dot import to_dot
 from .common import Context, emit_json, examples, guarded, json_option
 
@@ -114,6 +115,11 @@ def migrate_queues(obj: Context, to: str | None, archive: bool, dry_run: bool, a
         _migrate_archive(obj, dry_run)
         return
     assert to is not None
+    _migrate_queue_type(obj, to, dry_run, as_json)
+
+
+def _migrate_queue_type(obj: Context, to: str, dry_run: bool, as_json: bool) -> None:
+    """``migrate --to``: what each queue holds, the steps, and the count of the move (``--json``: one document)."""
     events = obj.events
     topology = build_topology(dataclasses.replace(events.settings, queue_type=to), events.handlers,
                               events.schedules)
@@ -129,12 +135,7 @@ def migrate_queues(obj: Context, to: str | None, archive: bool, dry_run: bool, a
             total = None if dry_run else 0
             say(f"every queue of service {events.service} is already declared as {to}: nothing to do")
         else:
-            for queue in queues:
-                state, holding = states[queue.name], states[migrate.holding_name(queue.name)]
-                if state.exists and not state.matches:
-                    say(f"{queue.name}: {state.messages} message(s), to move ({state.why})")
-                if holding.exists:
-                    say(f"{holding.name}: {holding.messages} message(s) from an unfinished run")
+            _say_queue_states(say, queues, states)
             if dry_run:
                 say(f"dry run: {len(steps)} step(s) would run:")
                 for step in steps:
@@ -159,6 +160,17 @@ def migrate_queues(obj: Context, to: str | None, archive: bool, dry_run: bool, a
                    f"queue_type={to!r} before starting its workers, or they cannot declare these queues", err=True)
 
 
+def _say_queue_states(say: Callable[[str], Any], queues: Iterable[Queue],
+                      states: dict[str, migrate.QueueState]) -> None:
+    """``migrate --to``: each queue with messages to move, and each holding queue left by an unfinished run."""
+    for queue in queues:
+        state, holding = states[queue.name], states[migrate.holding_name(queue.name)]
+        if state.exists and not state.matches:
+            say(f"{queue.name}: {state.messages} message(s), to move ({state.why})")
+        if holding.exists:
+            say(f"{holding.name}: {holding.messages} message(s) from an unfinished run")
+
+
 def _queue_entry(states: dict[str, migrate.QueueState], name: str) -> dict[str, Any]:
     """One queue in ``migrate --json``: what it held, and its holding queue, before the run."""
     state, holding = states[name], states[migrate.holding_name(name)]
@@ -172,8 +184,8 @@ def _migrate_archive(obj: Context, dry_run: bool) -> None:
     topology = obj.events.topology()
     name = topology.archive_exchange
     with obj.connection() as conn:
-        state = migrate.observe_archive(conn, name)
-        steps = migrate.archive_steps(name, state)
+        state = migrate_archive.observe_archive(conn, name)
+        steps = migrate_archive.archive_steps(name, state)
         if state.kind == "queue":
             click.echo(f"{name}: a queue of an earlier kombu-events version, {state.messages} message(s), to move "
                        "into a stream")
@@ -190,7 +202,7 @@ def _migrate_archive(obj: Context, dry_run: bool) -> None:
             return
         for exchange in topology.exchanges:  # the archive exchange, at least (idempotent)
             exchange.bind(conn.default_channel).declare()
-        counts = migrate.move_archive(conn, topology, steps, report=click.echo)
+        counts = migrate_archive.move_archive(conn, topology, steps, report=click.echo)
     click.echo(f"moved the archive {name} to a stream: {counts['verified']} of {counts['taken']} message(s) found "
                f"in the stream ({counts['old_queue']} from the old archive queue, {counts['copied']} copied, "
                f"{counts['duplicates']} already there and not copied again)")

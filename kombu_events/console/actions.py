@@ -20,6 +20,7 @@ from .api_requests import whole_number
 from .audit import stamp
 from .common import action_selection, guarded, page, service_of
 from .entries import Entry
+from .reading import Service
 from .views import retention
 
 #: Rows of a dry run's table (the confirmation acts on them all: the count says how many).
@@ -45,7 +46,7 @@ def _through(params: Any) -> int | None:
     return whole_number("through", text, -1) if text is not None else None
 
 
-def _chosen(service: Any, text: str, through: int | None, keys: list[str] | None
+def _chosen(service: Service, text: str, through: int | None, keys: list[str] | None
             ) -> tuple[list[Entry], tuple[str, ...], int]:
     """What a replay or a purge acts on, the keys asked for that are not archived, and the offset it was
     selected at."""

@@ -32,6 +32,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..core.logs import escape_controls
+from ..registry import EventsService
 from .audit import AuditLog
 from .auth import SECURITY_HEADERS, AuthSettings, Principal, authenticate, claimed_login, cross_site_refusal
 from .jobs import Jobs
@@ -171,7 +172,8 @@ async def _following(app: Starlette) -> AsyncIterator[None]:
         await run_in_threadpool(service.stop)
 
 
-def create_app(events: Any, settings: ConsoleSettings | None = None, *, broker_url: str | None = None) -> Starlette:
+def create_app(events: EventsService, settings: ConsoleSettings | None = None, *,
+               broker_url: str | None = None) -> Starlette:
     """The console of ``events`` (a :class:`kombu_events.Events`) as an ASGI application.
 
     Mount it under a prefix of your own application (``Mount("/events-console", app=...)``):

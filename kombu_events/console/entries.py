@@ -30,8 +30,8 @@ class Entry:
     """One archived copy as the index keeps it (``prefix``: the first :data:`BODY_PREFIX_BYTES` of its body)."""
 
     # Slots by hand (``dataclass(slots=True)`` is 3.10's): the index holds up to the archive's whole length.
-    __slots__ = ("key", "offset", "id", "queue", "routing_key", "reason", "exception", "archived_at",
-                 "attempts", "content_type", "prefix", "size", "failure")
+    __slots__ = ("archived_at", "attempts", "content_type", "exception", "failure", "id", "key", "offset", "prefix",
+                 "queue", "reason", "routing_key", "size")
 
     key: str
     offset: int

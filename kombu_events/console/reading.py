@@ -29,6 +29,7 @@ from ..core.logs import safe_text, safe_url
 from ..errors import BrokerUnavailableError, KombuEventsError
 from ..ops.archive import ArchivedMessage, parse_record, purge, replay
 from ..ops.status import QueueStatus, gather
+from ..registry import EventsService
 from . import query
 from .entries import Entry
 from .follower import Follower
@@ -53,9 +54,10 @@ class Service:
     #: How long a look-up of a copy the index has not read (yet) waits for the index to catch up.
     catch_up_wait_s = 3.0
 
-    def __init__(self, events: Any, *, broker_url: str | None = None, management_url: str | None = None) -> None:
+    def __init__(self, events: EventsService, *, broker_url: str | None = None,
+                 management_url: str | None = None) -> None:
         self.events = events
-        self.url = broker_url or str(events.broker_url)
+        self.url = broker_url or events.broker_url
         self.topology = events.topology()
         self.management_url = management_url
         self.index = ArchiveIndex()
@@ -70,7 +72,7 @@ class Service:
     @property
     def name(self) -> str:
         """The service's name."""
-        return str(self.events.service)
+        return self.events.service
 
     @property
     def shown_url(self) -> str:
@@ -79,7 +81,7 @@ class Service:
 
     def connection(self) -> AbstractContextManager[Connection]:
         """A connected connection with the app's broker settings (TLS included); unreachable: one clear error."""
-        return connected(self.url, getattr(self.events, "app", None))
+        return connected(self.url, self.events.app)
 
     def start(self) -> None:
         """Start following the archive into the index (done by the first page that needs it, or at startup)."""

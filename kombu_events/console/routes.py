@@ -27,6 +27,7 @@ from . import api, query as search
 from .actions import cancel, edit, job, purge_page, replay
 from .common import event_url, guarded, id_route, page, selection, service_of
 from .entries import Entry
+from .reading import Service
 from .views import event_view, overview_rows
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ async def overview(request: Request) -> Response:
     return page(request, template, rows=rows, read_at=_iso())
 
 
-def _failures(service: Any, text: str, by: str, budget_s: float) -> tuple[Any, search.Found, list[search.Group]]:
+def _failures(service: Service, text: str, by: str, budget_s: float) -> tuple[Any, search.Found, list[search.Group]]:
     view = service.view()
     with service.search_turn(text):
         found = selection(view, text, budget_s=budget_s)

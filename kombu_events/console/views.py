@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
-from ..core import headers as wire
+from ..core import wire
 from ..core.config import Settings
 
 

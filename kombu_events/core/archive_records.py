@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Generic, Iterable, Mapping, TypeVar
 
-from . import headers as wire
+from . import wire
 
 OPENED = "opened"
 REPLAYED = "replayed"

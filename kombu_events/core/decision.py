@@ -2,13 +2,14 @@
 
 :func:`classify` turns a handler's exception into an Outcome, :func:`lost` does the
 same for a pool process that died, and :func:`decide` turns an Outcome into ack,
-retry after a delay, requeue, or archive with a reason. :mod:`kombu_events.core.settlement`
-turns the decision into the steps the consumer carries out.
+retry after a delay (:func:`retry_delay_ms` chooses it), requeue, or archive with a reason.
+:mod:`kombu_events.core.settlement` turns the decision into the step the consumer carries out.
 """
 from __future__ import annotations
 
-__all__ = ["Outcome", "Decision", "decide", "classify", "lost", "is_final", "likely_action", "OK", "FAILED", "RETRY",
-           "ARCHIVE", "UNDECODABLE", "INVALID", "REFUSED", "SKIPPED", "LOST", "REDELIVERED", "DEFERRED"]
+__all__ = ["Outcome", "Decision", "decide", "retry_delay_ms", "classify", "lost", "is_final", "likely_action", "OK",
+           "FAILED", "RETRY", "ARCHIVE", "UNDECODABLE", "INVALID", "REFUSED", "SKIPPED", "LOST", "REDELIVERED",
+           "DEFERRED"]
 
 import random
 import traceback as tb
@@ -110,13 +111,24 @@ def decide(
     if is_final(attempt, max_retries):
         why = outcome.reason or kind
         return Decision("archive", reason=f"gave up after {attempt} attempts (max_retries={max_retries}): {why}")
-    if kind == LOST:
-        delay = lost_delay_ms
-    elif kind == RETRY and outcome.delay_ms is not None:
-        delay = outcome.delay_ms
-    else:
-        delay = backoff.delay_ms(retry=attempt, rand=rand)
+    delay = retry_delay_ms(outcome, attempt=attempt, backoff=backoff, lost_delay_ms=lost_delay_ms, rand=rand)
     return _delayed("retry", delay, max_delay_ms, outcome.reason or kind)
+
+
+def retry_delay_ms(outcome: Outcome, *, attempt: int, backoff: Backoff, lost_delay_ms: float,
+                   rand: Callable[[], float] = random.random) -> float:
+    """How long a retry waits before attempt ``attempt + 1``: the one place that chooses it.
+
+    The handler's ``Retry(delay=...)`` wins; a lost pool process waits ``lost_delay_ms`` (the
+    ladder's unit); any other failure waits what the handler's ``backoff`` (:mod:`kombu_events.core.backoff`)
+    says for this attempt. :func:`decide` archives a delay the ladder cannot hold; the ladder
+    rounds the rest to its unit (:meth:`kombu_events.core.topology.Topology.address`).
+    """
+    if outcome.kind == LOST:
+        return lost_delay_ms
+    if outcome.kind == RETRY and outcome.delay_ms is not None:
+        return outcome.delay_ms
+    return backoff.delay_ms(retry=attempt, rand=rand)
 
 
 def _delayed(action: str, delay: float, max_delay_ms: float, reason: str) -> Decision:

@@ -6,7 +6,7 @@ __all__ = ["Delivery", "read_delivery", "UNREADABLE"]
 from typing import Any, Mapping, NamedTuple
 
 from ..errors import HeaderError
-from . import headers as wire
+from . import wire
 
 #: Property the lenient py-amqp decoder (:mod:`kombu_events.broker.lenient_amqp`) sets on a message it
 #: could only decode in part; its value says what could not be read.

@@ -7,7 +7,7 @@ envelope it was reading and names it in the error the caller sees.
 from __future__ import annotations
 
 __all__ = [
-    "Malformed", "Meta", "Wire", "cloudevents_structured", "cloudevents_binary", "masstransit_envelope",
+    "Malformed", "Meta", "RawMessage", "cloudevents_structured", "cloudevents_binary", "masstransit_envelope",
     "masstransit_raw", "nservicebus", "spring", "CLOUDEVENTS_PREFIXES", "rfc3339", "nservicebus_time",
 ]
 
@@ -37,7 +37,7 @@ class Meta(NamedTuple):
     attributes: dict[str, Any]
 
 
-class Wire(NamedTuple):
+class RawMessage(NamedTuple):
     """A message as a parser reads it; ``headers`` maps lower-cased names to (name as sent, value)."""
 
     body: Any
@@ -63,14 +63,14 @@ _NSB_TAKEN = frozenset(("nservicebus.enclosedmessagetypes", "nservicebus.message
                         "nservicebus.originatingendpoint", "nservicebus.timesent"))
 
 
-def cloudevents_structured(wire: Wire) -> tuple[Any, Meta]:
+def cloudevents_structured(message: RawMessage) -> tuple[Any, Meta]:
     """CloudEvents in structured mode: the attributes and the data in one JSON object.
 
     ``data`` is the payload as it stands in the JSON (a JSON value, or the text of a non-JSON
     ``datacontenttype``); ``data_base64`` goes to the caller's decoder as its ``datacontenttype``
     says, JSON when unset.
     """
-    event = _json_object(wire)
+    event = _json_object(message)
     if "data" in event and event.get("data_base64") is not None:
         raise Malformed("both 'data' and 'data_base64' are present")
     meta = _cloudevents_meta({name: value for name, value in event.items() if value is not None})
@@ -84,13 +84,13 @@ def cloudevents_structured(wire: Wire) -> tuple[Any, Meta]:
     except ValueError:  # binascii.Error, or a character beyond ASCII
         raise Malformed(f"'data_base64' is not base64: {_show(encoded)}") from None
     content_type = _text(event.get("datacontenttype"), "attribute 'datacontenttype'") or "application/json"
-    return wire.decode(raw, content_type, None), meta
+    return message.decode(raw, content_type, None), meta
 
 
-def cloudevents_binary(wire: Wire) -> tuple[Any, Meta]:
+def cloudevents_binary(message: RawMessage) -> tuple[Any, Meta]:
     """CloudEvents in binary mode: the attributes in prefixed headers, the data is the body."""
     attributes: dict[str, Any] = {}
-    for low, (sent_as, value) in wire.headers.items():
+    for low, (sent_as, value) in message.headers.items():
         prefix = next((p for p in CLOUDEVENTS_PREFIXES if low.startswith(p)), None)
         if prefix is None or value is None:
             continue
@@ -99,11 +99,11 @@ def cloudevents_binary(wire: Wire) -> tuple[Any, Meta]:
         if name in attributes and _jsonable(attributes[name]) != _jsonable(value):
             raise Malformed(f"attribute {name!r} is given twice, with different values ({sent_as!r})")
         attributes[name] = value
-    content_type = wire.content_type or _text(attributes.get("datacontenttype"), "attribute 'datacontenttype'")
+    content_type = message.content_type or _text(attributes.get("datacontenttype"), "attribute 'datacontenttype'")
     meta = _cloudevents_meta(attributes)
     if content_type:
         meta.attributes["datacontenttype"] = content_type
-    return wire.decode(wire.body, content_type, wire.content_encoding), meta
+    return message.decode(message.body, content_type, message.content_encoding), meta
 
 
 def _cloudevents_meta(attributes: Mapping[str, Any]) -> Meta:
@@ -121,9 +121,9 @@ def _cloudevents_meta(attributes: Mapping[str, Any]) -> Meta:
     return Meta(kind, id_, source, time, None, (kind,) if kind else (), rest)
 
 
-def masstransit_envelope(wire: Wire) -> tuple[Any, Meta]:
+def masstransit_envelope(message: RawMessage) -> tuple[Any, Meta]:
     """MassTransit's JSON envelope: ``message`` is the payload, ``messageType`` lists its URNs."""
-    envelope = _json_object(wire)
+    envelope = _json_object(message)
     if envelope.get("message") is None:
         raise Malformed("missing 'message'")
     types = envelope.get("messageType")
@@ -138,52 +138,53 @@ def masstransit_envelope(wire: Wire) -> tuple[Any, Meta]:
     return envelope["message"], Meta(types[0], id_, source, time, correlation, tuple(types), rest)
 
 
-def masstransit_raw(wire: Wire) -> tuple[Any, Meta]:
+def masstransit_raw(message: RawMessage) -> tuple[Any, Meta]:
     """MassTransit's raw JSON: a bare body, the URNs in ``MT-MessageType`` separated by ``;``."""
-    types = _split(wire, "mt-messagetype", "MT-MessageType")
-    id_ = _text(wire.header("messageid"), "header 'MessageId'") or _property(wire, "message_id")
-    correlation = _text(wire.header("correlationid"), "header 'CorrelationId'") or _property(wire, "correlation_id")
-    source = _text(wire.header("mt-source-address"), "header 'MT-Source-Address'")
-    rest = _rest(wire, lambda low: (low.startswith("mt-") or low in ("conversationid", "requestid"))
+    types = _split(message, "mt-messagetype", "MT-MessageType")
+    id_ = _text(message.header("messageid"), "header 'MessageId'") or _property(message, "message_id")
+    correlation = (_text(message.header("correlationid"), "header 'CorrelationId'")
+                   or _property(message, "correlation_id"))
+    source = _text(message.header("mt-source-address"), "header 'MT-Source-Address'")
+    rest = _rest(message, lambda low: (low.startswith("mt-") or low in ("conversationid", "requestid"))
                  and low not in _MT_RAW_TAKEN)
-    meta = Meta(types[0], id_, source, _timestamp(wire), correlation, types, rest)
-    return wire.decode(wire.body, wire.content_type, wire.content_encoding), meta
+    meta = Meta(types[0], id_, source, _timestamp(message), correlation, types, rest)
+    return message.decode(message.body, message.content_type, message.content_encoding), meta
 
 
-def nservicebus(wire: Wire) -> tuple[Any, Meta]:
+def nservicebus(message: RawMessage) -> tuple[Any, Meta]:
     """NServiceBus's headers on a bare body: ``NServiceBus.EnclosedMessageTypes`` and the rest."""
-    types = _split(wire, "nservicebus.enclosedmessagetypes", "NServiceBus.EnclosedMessageTypes")
-    id_, correlation, source = (_text(wire.header(f"nservicebus.{name.lower()}"), f"header 'NServiceBus.{name}'")
+    types = _split(message, "nservicebus.enclosedmessagetypes", "NServiceBus.EnclosedMessageTypes")
+    id_, correlation, source = (_text(message.header(f"nservicebus.{name.lower()}"), f"header 'NServiceBus.{name}'")
                                 for name in ("MessageId", "CorrelationId", "OriginatingEndpoint"))
-    time = _time(wire.header("nservicebus.timesent"), nservicebus_time, "header 'NServiceBus.TimeSent'",
+    time = _time(message.header("nservicebus.timesent"), nservicebus_time, "header 'NServiceBus.TimeSent'",
                  "an NServiceBus timestamp (yyyy-MM-dd HH:mm:ss:ffffff Z)")
-    rest = _rest(wire, lambda low: low.startswith(("nservicebus.", "$.diagnostics")) and low not in _NSB_TAKEN)
-    content_type = wire.content_type or _text(wire.header("nservicebus.contenttype"),
+    rest = _rest(message, lambda low: low.startswith(("nservicebus.", "$.diagnostics")) and low not in _NSB_TAKEN)
+    content_type = message.content_type or _text(message.header("nservicebus.contenttype"),
                                               "header 'NServiceBus.ContentType'")
     meta = Meta(types[0], id_, source, time, correlation, types, rest)
-    return wire.decode(wire.body, content_type, wire.content_encoding), meta
+    return message.decode(message.body, content_type, message.content_encoding), meta
 
 
-def spring(wire: Wire) -> tuple[Any, Meta]:
+def spring(message: RawMessage) -> tuple[Any, Meta]:
     """Spring AMQP's JSON converter: a bare body, the Java class name in ``__TypeId__`` (matched, never loaded)."""
-    type_id = _text(wire.header("__typeid__"), "header '__TypeId__'")
+    type_id = _text(message.header("__typeid__"), "header '__TypeId__'")
     if not type_id:
         raise Malformed("header '__TypeId__' is empty")
-    rest = _rest(wire, lambda low: low in ("__contenttypeid__", "__keytypeid__"))
-    meta = Meta(type_id, _property(wire, "message_id"), None, _timestamp(wire), _property(wire, "correlation_id"),
-                (type_id,), rest)
-    return wire.decode(wire.body, wire.content_type, wire.content_encoding), meta
+    rest = _rest(message, lambda low: low in ("__contenttypeid__", "__keytypeid__"))
+    meta = Meta(type_id, _property(message, "message_id"), None, _timestamp(message),
+                _property(message, "correlation_id"), (type_id,), rest)
+    return message.decode(message.body, message.content_type, message.content_encoding), meta
 
 
 # Values off the wire.
 
-def _json_object(wire: Wire) -> dict[str, Any]:
-    body = wire.body
+def _json_object(message: RawMessage) -> dict[str, Any]:
+    body = message.body
     if not isinstance(body, (str, bytes, bytearray)):
         raise Malformed(f"body is not bytes but {type(body).__name__}")
     try:
         if not isinstance(body, str):
-            body = bytes(body).decode(_charset(wire.content_type, wire.content_encoding))
+            body = bytes(body).decode(_charset(message.content_type, message.content_encoding))
         document = json.loads(body)
     except DecodeError as exc:  # a label outside the closed list of text encodings
         raise Malformed(str(exc)) from None
@@ -218,21 +219,21 @@ def _text(value: Any, what: str) -> str | None:
     raise Malformed(f"{what} is not a string: {_show(value)}")
 
 
-def _property(wire: Wire, name: str) -> str | None:
-    value = wire.properties.get(name)  # a basic property: not the envelope's to be wrong about
+def _property(message: RawMessage, name: str) -> str | None:
+    value = message.properties.get(name)  # a basic property: not the envelope's to be wrong about
     return value if isinstance(value, str) and value else None
 
 
-def _split(wire: Wire, low: str, name: str) -> tuple[str, ...]:
-    types = tuple(part.strip() for part in (_text(wire.header(low), f"header {name!r}") or "").split(";"))
+def _split(message: RawMessage, low: str, name: str) -> tuple[str, ...]:
+    types = tuple(part.strip() for part in (_text(message.header(low), f"header {name!r}") or "").split(";"))
     types = tuple(part for part in types if part)
     if not types:
         raise Malformed(f"header {name!r} names no message type")
     return types
 
 
-def _rest(wire: Wire, wanted: Callable[[str], bool]) -> dict[str, Any]:
-    return {sent_as: _jsonable(value) for low, (sent_as, value) in wire.headers.items() if wanted(low)}
+def _rest(message: RawMessage, wanted: Callable[[str], bool]) -> dict[str, Any]:
+    return {sent_as: _jsonable(value) for low, (sent_as, value) in message.headers.items() if wanted(low)}
 
 
 def _jsonable(value: Any) -> Any:
@@ -268,9 +269,9 @@ def _time(value: Any, parse: Callable[[str], datetime], what: str, expected: str
         raise Malformed(f"{what} is not {expected}: {_show(value)}") from None
 
 
-def _timestamp(wire: Wire) -> datetime | None:
+def _timestamp(message: RawMessage) -> datetime | None:
     """The AMQP ``timestamp`` property (seconds), if the publisher set a sane one."""
-    seconds = wire.properties.get("timestamp")
+    seconds = message.properties.get("timestamp")
     if isinstance(seconds, datetime):
         return seconds if seconds.tzinfo else seconds.replace(tzinfo=timezone.utc)
     if not isinstance(seconds, int) or isinstance(seconds, bool):

@@ -89,7 +89,7 @@ class EnvelopeError(DecodeError):
         self.reason = reason
 
 
-Parser = Callable[[formats.Wire], tuple[Any, formats.Meta]]
+Parser = Callable[[formats.RawMessage], tuple[Any, formats.Meta]]
 
 
 class _Reader(NamedTuple):
@@ -128,10 +128,10 @@ def unwrap(body: bytes, content_type: str | None, content_encoding: str | None,
         reader = _recognise(headers)
     if reader is None:
         return decode(body, content_type, content_encoding), None
-    wire = formats.Wire(body, content_type, content_encoding if isinstance(content_encoding, str) else None,
-                        _by_name(headers or {}), properties if isinstance(properties, Mapping) else {}, decode)
+    message = formats.RawMessage(body, content_type, content_encoding if isinstance(content_encoding, str) else None,
+                                 _by_name(headers or {}), properties if isinstance(properties, Mapping) else {}, decode)
     try:
-        payload, meta = reader.parse(wire)
+        payload, meta = reader.parse(message)
     except formats.Malformed as exc:
         raise EnvelopeError(reader.kind, reader.mode, str(exc)) from None
     return payload, Envelope(reader.kind, **meta._asdict())

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 from ..errors import ConfigurationError
 from . import names
 from .backoff import Backoff
-from .circuit import CircuitBreaker
+from .breaker import CircuitBreaker
 from .contracts import Contract, contract_for
 from .names import MAX_NAME_BYTES
 

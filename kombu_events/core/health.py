@@ -1,25 +1,37 @@
-"""Health checks of handlers: what one returns (``Healthy``, ``Degraded``, ``Unhealthy``) and how it is run.
+"""Health checks: what one returns (``Healthy``, ``Degraded``, ``Unhealthy``), what one is, and how it is run (pure).
 
 A health check is a plain function, registered with ``@events.health_check(handler,
-...)``, that looks at what a handler depends on (a database, an API) and returns one
-of the three statuses, optionally with a reason: ``return Unhealthy("db: connection
-refused")``. The circuit breakers of its handlers take the results as inputs, as in the "Worker
-Health Checks" of Celery 5's architecture draft (CEP). :func:`check` runs one and never raises; the breakers run it
-in a thread of its own, never on the worker's event loop.
+...)`` (or passed to ``Events(health_checks=...)`` for the publisher), that looks at what
+a handler or the publisher depends on (a database, an API) and returns one of the three
+statuses, optionally with a reason: ``return Unhealthy("db: connection refused")``. The
+breakers take the results as inputs, as in the "Worker Health Checks" of Celery 5's
+architecture draft (CEP). :func:`run_check` runs one and never raises.
+
+Every module about health is named ``health``, one per layer: this one (the results, pure);
+:mod:`kombu_events.middleware.health` (runs a handler's checks in threads for its breaker);
+:mod:`kombu_events.publishing.health` (the publisher's checks, the broker's among them);
+:mod:`kombu_events.ops.health` (``kombu-events health``: the whole service, from the broker's view).
+Whether the worker itself is alive (``/healthz``) is liveness: :mod:`kombu_events.integrations.liveness`.
 """
 from __future__ import annotations
 
-__all__ = ["Health", "Healthy", "Degraded", "Unhealthy", "HealthCheck", "check"]
+__all__ = ["Health", "Healthy", "Degraded", "Unhealthy", "HealthCheck", "run_check", "HEALTHY", "DEGRADED", "UNHEALTHY",
+           "HEALTH_STATES"]
 
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from ..errors import ConfigurationError
-from .circuit import DEGRADED, HEALTH_STATES, HEALTHY, UNHEALTHY
 from .decision import describe
 
 logger = logging.getLogger(__name__)
+
+HEALTHY = "healthy"
+DEGRADED = "degraded"
+UNHEALTHY = "unhealthy"
+#: The statuses a health check returns: a breaker's input (:meth:`~kombu_events.core.breaker.Breaker.health`).
+HEALTH_STATES = (HEALTHY, DEGRADED, UNHEALTHY)
 
 
 class Health:
@@ -89,7 +101,7 @@ class HealthCheck:
         return _name(self.fn)
 
 
-def check(fn: Callable[[], Any]) -> Health:
+def run_check(fn: Callable[[], Any]) -> Health:
     """Run one health check; whatever it does, return a :class:`Health` (never raises ``Exception``).
 
     It may return an instance or the class itself (``return Healthy``); an exception,

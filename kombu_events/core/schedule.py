@@ -6,7 +6,7 @@ schedule runs on the hour). A **token** (one JSON message circulating through th
 service's delay ladder) is only an alarm clock; the **state** (one message in the
 schedule's state queue) says which period ran last and which token was published
 next. :func:`action_for` turns (token, state, now) into one :class:`TokenAction`; the
-worker carries it out (``kombu_events.periodic.runner``). docs/scheduling.md gives the
+worker carries it out (``kombu_events.periodic.tokens``). docs/scheduling.md gives the
 argument for each rule.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, ClassVar, Union
 
-from . import headers as wire
+from . import wire
 from .backoff import Backoff
 from .decision import REDELIVERED, Outcome, decide
 from .delivery import Delivery
@@ -76,24 +76,24 @@ def plan(
     """The first step that settles ``delivery`` after its attempt ended with ``outcome``."""
     settings = topology.settings
     redeliveries = delivery.redeliveries + (outcome.kind == REDELIVERED)
-    verdict = decide(outcome, attempt=delivery.attempt, max_retries=max_retries, backoff=backoff,
-                     max_delay_ms=settings.max_delay_ms, lost_delay_ms=settings.delay_unit_ms,
-                     redeliveries=redeliveries, rand=rand)
-    if verdict.action == "ack":
+    decision = decide(outcome, attempt=delivery.attempt, max_retries=max_retries, backoff=backoff,
+                      max_delay_ms=settings.max_delay_ms, lost_delay_ms=settings.delay_unit_ms,
+                      redeliveries=redeliveries, rand=rand)
+    if decision.action == "ack":
         return ACK
-    if verdict.action == "archive":
-        return archive_step(delivery, outcome, verdict.reason, topology=topology, userid=userid)
-    if verdict.action == "retry":
+    if decision.action == "archive":
+        return archive_step(delivery, outcome, decision.reason, topology=topology, userid=userid)
+    if decision.action == "retry":
         headers = wire.retry_headers(delivery.headers, attempt=delivery.attempt, routing_key=delivery.routing_key,
-                                     error=outcome.exception or verdict.reason)
+                                     error=outcome.exception or decision.reason)
     else:
         headers = wire.requeue_headers(delivery.headers, attempt=delivery.attempt, redeliveries=redeliveries,
                                        routing_key=delivery.routing_key)
-    address = topology.address(delivery.queue, verdict.delay_ms)
-    fallback = partial(_refused, delivery, outcome, verdict.action, verdict.reason, topology, userid)
-    return Republish(verdict.action, address.exchange, address.routing_key,
+    address = topology.address(delivery.queue, decision.delay_ms)
+    fallback = partial(_refused, delivery, outcome, decision.action, decision.reason, topology, userid)
+    return Republish(decision.action, address.exchange, address.routing_key,
                      wire.republish_properties(delivery.properties, headers, userid=userid),
-                     address.delay_ms, verdict.reason, fallback)
+                     address.delay_ms, decision.reason, fallback)
 
 
 def archive_step(delivery: Delivery, outcome: Outcome, reason: str, *, topology: Topology,

@@ -17,7 +17,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..core import names
 from ..errors import EncodeError
-from ..publishing.backlog_policy import Published
+from ..publishing.published import Published
 from ..publishing.publisher import addressed, build_message
 from ..publishing.service import ServicePublisher
 from . import schema

@@ -63,7 +63,7 @@ class Relay:
     def _publish(self, transaction: Transaction, rows: list[tuple[Any, ...]]) -> None:
         items = [(exchange, key, Message(bytes(body), **json.loads(properties)))
                  for _id, exchange, key, body, properties in rows]
-        errors = self.publishing.publisher.publish_many(items)  # BrokerUnavailableError: nothing is deleted
+        errors = self.publishing.publisher.send_many(items)  # BrokerUnavailableError: nothing is deleted
         confirmed = [row[0] for row, error in zip(rows, errors) if error is None]
         for (row_id, *_), (exchange, key, message), error in zip(rows, items, errors):
             self._announce(exchange, key, message, error)

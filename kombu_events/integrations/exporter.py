@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from ..core.config import MetricsSettings
 from ..errors import ConfigurationError
+from ..registry import EventsService
 from .liveness import Liveness
 from .metrics import PrometheusMetrics
 
@@ -159,7 +160,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def serve_worker(services: Iterable[Any], settings: MetricsSettings) -> Exporter:
+def serve_worker(services: Iterable[EventsService], settings: MetricsSettings) -> Exporter:
     """Add metrics and a heartbeat to every service's middleware; serve them on ``settings``' address."""
     assert settings.port is not None, "serve_worker needs a port"
     own = CollectorRegistry()

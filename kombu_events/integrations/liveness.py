@@ -1,7 +1,11 @@
-"""``/healthz``: the worker is alive while its event loop turns (a heartbeat timer on the loop)."""
+"""Liveness, ``/healthz``: the worker is alive while its event loop turns (a heartbeat timer on the loop).
+
+Not a health check: those say whether what a handler or the publisher depends on works
+(:mod:`kombu_events.core.health` lists the modules about them); liveness says whether the worker itself still runs.
+"""
 from __future__ import annotations
 
-__all__ = ["Liveness", "verdict"]
+__all__ = ["Liveness", "liveness_of"]
 
 import logging
 import time
@@ -12,7 +16,7 @@ from ..middleware.base import Middleware
 logger = logging.getLogger(__name__)
 
 
-def verdict(last_beat: float | None, now: float, *, max_age_s: float) -> tuple[bool, str]:
+def liveness_of(last_beat: float | None, now: float, *, max_age_s: float) -> tuple[bool, str]:
     """(alive, why) from when the event loop last beat; pure."""
     if last_beat is None:
         return False, "starting: the event loop has not turned yet"
@@ -47,4 +51,4 @@ class Liveness(Middleware):
 
     def check(self) -> tuple[bool, str]:
         """(alive, why) now."""
-        return verdict(self.last_beat, self._clock(), max_age_s=self.max_age_s)
+        return liveness_of(self.last_beat, self._clock(), max_age_s=self.max_age_s)

@@ -17,6 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.utils import floatToGoString
 
 LABELS = ["service", "queue", "handler"]
+#: The labels ``kombu_events_messages`` adds to :data:`LABELS`: ``action`` (what the code calls the step's
+#: action), then ``outcome``, the same value under its old name (deprecated: in code an outcome is how an
+#: attempt ended, :class:`~kombu_events.Outcome`; removed in a later release).
+MESSAGES_LABELS = ["action", "outcome"]
 #: Values of the ``state`` label of ``kombu_events_circuit_state``.
 CIRCUIT_STATES = ("closed", "open", "half_open")
 #: Values of the ``reason`` label of ``kombu_events_unhandled``: the payload does not fit the handler's
@@ -37,7 +41,7 @@ class HandlerCounts(Protocol):
 
     @property
     def outcomes(self) -> Mapping[str, int]:
-        """Messages settled, by outcome."""
+        """Messages settled, by the action of the step that settled them (the ``action`` label)."""
 
     @property
     def buckets(self) -> Sequence[int]:
@@ -107,8 +111,8 @@ class Families:
         messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled = _empty()
         for q in list(self.metrics.queues.values()):
             labels = list(q.labels)
-            for outcome, count in list(q.outcomes.items()):
-                messages.add_metric([*labels, outcome], count)
+            for action, count in list(q.outcomes.items()):
+                messages.add_metric([*labels, action, action], count)  # action, and the deprecated outcome
             duration.add_metric(labels, list(zip(_BOUNDS, accumulate(list(q.buckets)))), q.duration_s)
             in_flight.add_metric(labels, q.in_flight)
             for kind, count in list(q.exceptions.items()):
@@ -153,8 +157,9 @@ def _outbox_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
 def _empty() -> tuple[Any, ...]:
     every_15_s = " (read by the worker every 15 s)"
     return (
-        CounterMetricFamily("kombu_events_messages", "Messages settled, by outcome (the step that took effect).",
-                            labels=[*LABELS, "outcome"]),
+        CounterMetricFamily("kombu_events_messages", "Messages settled, by the action of the step that took "
+                            "effect (ack, retry, requeue, archive, held); outcome: the same value, deprecated.",
+                            labels=[*LABELS, *MESSAGES_LABELS]),
         HistogramMetricFamily("kombu_events_handler_duration_seconds",
                               "The handler's own run time, measured in the pool.", labels=LABELS),
         GaugeMetricFamily("kombu_events_in_flight", "Messages received and not settled yet.", labels=LABELS),

@@ -33,6 +33,7 @@ from ..errors import UnroutableError
 from ..middleware.base import Middleware
 from ..ops.archive import ArchiveCounter, LegacyArchiveError
 from ..ops.status import DepthTarget, depth_targets, read_depths
+from ..registry import EventsService
 from .metric_families import BUCKETS, CIRCUIT_STATES, UNHANDLED_REASONS, Families
 
 logger = logging.getLogger(__name__)
@@ -130,10 +131,10 @@ class PrometheusMetrics(Middleware):
             control.call_every(REFRESH_S, refresh)
             self._watch_archive(events)
 
-    def _watch_archive(self, events: Any) -> None:
+    def _watch_archive(self, events: EventsService) -> None:
         """Count the service's archive every REFRESH_S in a thread of its own, on a connection of its own: the
         archive is a stream, read (incrementally) rather than peeked, and never on the worker's event loop."""
-        service = str(events.service)
+        service = events.service
         if service in self._archive_watches:
             return
         watch = threading.Thread(target=self._count_archive, args=(events, service), daemon=True,
@@ -141,12 +142,12 @@ class PrometheusMetrics(Middleware):
         self._archive_watches[service] = watch
         watch.start()
 
-    def _count_archive(self, events: Any, service: str) -> None:
+    def _count_archive(self, events: EventsService, service: str) -> None:
         counter = ArchiveCounter(events.topology())
         failures = 0
         while True:
             try:
-                with connected(str(events.broker_url), getattr(events, "app", None)) as conn:
+                with connected(events.broker_url, events.app) as conn:
                     while True:
                         self.archive_depths[service] = counter.count(conn)
                         self.archive_bytes[service] = counter.bytes
@@ -247,7 +248,7 @@ def _identify(queue: str) -> tuple[str, str, str]:
     return "", queue, ""
 
 
-def _service(service: str, queues: tuple[str, ...]) -> Any:
+def _service(service: str, queues: tuple[str, ...]) -> EventsService | None:
     """The ``Events`` named ``service`` whose handler queues are ``queues``, if any."""
     for events in registry.services:
         if events.service == service and tuple(h.queue for h in events.handlers) == tuple(queues):

@@ -1,7 +1,8 @@
 """``Breakers``: the middleware that gives handlers circuit breakers, driving
-:class:`~kombu_events.core.circuit.Breaker`.
+:class:`~kombu_events.core.breaker.Breaker` (the publisher's breakers are :mod:`kombu_events.publishing.breakers`).
 
-One circuit per handler queue with a ``circuit_breaker``. Failures that would be
+One circuit (:class:`Circuit`: its breaker, and what the middleware keeps about it) per handler queue
+with a ``circuit_breaker``. Failures that would be
 retried (the handler raised, or its pool process was lost) are counted; at the
 threshold the circuit opens and the queue is paused through the service's
 :class:`~kombu_events.middleware.control.Control` (its consumer is cancelled: messages wait in
@@ -38,13 +39,13 @@ from multiprocessing.sharedctypes import RawArray
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from .. import signals
-from ..core.circuit import CLOSED, HALF_OPEN, OPEN, Breaker
+from ..core.breaker import CLOSED, HALF_OPEN, OPEN, Breaker
 from ..core.decision import DEFERRED, FAILED, LOST, OK, Outcome
 from ..core.health import Health, HealthCheck, Unhealthy
 from ..core.logs import escape_controls
 from ..errors import ConfigurationError
 from .base import Middleware
-from .health_checks import HealthRun, Spawn
+from .health import HealthRun, Spawn
 
 if TYPE_CHECKING:
     from ..core.delivery import Delivery
@@ -165,7 +166,7 @@ class Breakers(Middleware):
                        delay_ms=min(wait_s * 1000, self.max_delay_ms))
 
     def settled(self, delivery: Delivery, outcome: Outcome, step: Step) -> None:
-        """Count a failure of a closed circuit; take a half-open circuit's verdict from its probe."""
+        """Count a failure of a closed circuit; take a half-open circuit's result from its probe."""
         circuit = self.circuits.get(delivery.queue)
         if circuit is None or self.control is None:
             return

@@ -2,7 +2,7 @@
 
 The user's middleware comes first, then the library's own: Django's connection
 tidying in a Django project, the seeder of periodic schedules, and last the circuit
-breakers of the handlers that have one (they must see every other hook's verdict).
+breakers of the handlers that have one (they must see every other hook's answer).
 Publishing runs the user's hooks alone (:attr:`MiddlewareStack.publishing`).
 """
 from __future__ import annotations

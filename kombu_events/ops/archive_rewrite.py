@@ -34,7 +34,7 @@ from kombu import Queue
 from ..broker import streams
 from ..broker.confirms import Confirmer
 from ..broker.declare import close_quietly, peek_queue
-from ..core import archive_records as records_, headers as wire
+from ..core import archive_records as records_, wire
 from ..core.topology import Topology
 from ..errors import KombuEventsError
 from .archive import ArchivedMessage, records

@@ -1,4 +1,8 @@
-"""``kombu-events health``: is the whole service healthy? One line per problem, from the broker's view."""
+"""``kombu-events health``: is the whole service healthy? One line per problem, from the broker's view.
+
+Not a health check (those are a handler's or the publisher's: :mod:`kombu_events.core.health` lists them all):
+what the broker shows of the service's exchanges, queues, consumers and archive.
+"""
 from __future__ import annotations
 
 __all__ = ["problems", "missing_exchanges"]

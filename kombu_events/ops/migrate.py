@@ -18,19 +18,14 @@ broker holds, so a run that died anywhere is finished by running the command aga
 :func:`migration_steps` is pure: it turns the queues' states into the steps; :func:`observe`
 reads the states and :func:`execute` carries the steps out.
 
-``kombu-events migrate --archive`` moves an earlier version's archive (a classic or quorum
-queue) into the archive stream of the same name the same way, through ``<archive>.moving``,
-while workers keep archiving (:func:`archive_steps`, :func:`observe_archive`,
-:func:`move_archive`; docs/rabbitmq-versions.md): a copy the stream already holds (by archive
-key, or by content for a copy without one) is acked without being copied again.
+``kombu-events migrate --archive`` moves an earlier version's archive queue into a stream the same
+way: :mod:`kombu_events.ops.migrate_archive`.
 """
 from __future__ import annotations
 
-__all__ = ["QueueState", "Step", "migration_steps", "observe", "execute", "holding_name", "MigrationError",
-           "ArchiveState", "archive_steps", "observe_archive", "move_archive", "archive_holding_name"]
+__all__ = ["QueueState", "MigrationStep", "migration_steps", "observe", "execute", "holding_name", "MigrationError"]
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -38,14 +33,10 @@ from amqp import Message
 from amqp.exceptions import PreconditionFailed
 from kombu import Queue
 
-from ..broker import streams
 from ..broker.confirms import Confirmer
 from ..broker.declare import QueueCounts, close_quietly, peek_queues, queue_counts
-from ..broker.stream_headers import pack
-from ..core.archive_records import OPENED, settlement_record
-from ..core.headers import _PROPERTIES, ARCHIVE_KEY, DELIVERY_COUNT, PACKED_HEADERS, as_sent, new_archive_key
+from ..core.wire import _PROPERTIES, DELIVERY_COUNT, as_sent
 from ..errors import KombuEventsError
-from .archive_rewrite import SETTLE_S, Seen, StreamWriter, content_digest
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +66,7 @@ class QueueState:
 
 
 @dataclass(frozen=True)
-class Step:
+class MigrationStep:
     """One action on the broker: ``action`` on ``queue`` (``source`` for a move)."""
 
     action: str  # declare-holding | bind | unbind | move | delete | declare | declare-stream | fill (the archive)
@@ -101,7 +92,7 @@ class Step:
         return f"{self.action} {self.queue}"
 
 
-def migration_steps(queues: Sequence[Queue], states: Mapping[str, QueueState]) -> list[Step]:
+def migration_steps(queues: Sequence[Queue], states: Mapping[str, QueueState]) -> list[MigrationStep]:
     """The steps that bring every queue of ``queues`` (target declarations) to its target.
 
     ``states`` has each queue's state and its holding queue's (by name). Raises
@@ -113,27 +104,28 @@ def migration_steps(queues: Sequence[Queue], states: Mapping[str, QueueState]) -
         names = ", ".join(f"{s.name} ({s.consumers})" for s in busy)
         raise MigrationError(f"consumers are attached to {names}: stop the service's workers first "
                              "(nothing was changed)")
-    steps: list[Step] = []
+    steps: list[MigrationStep] = []
     for queue in queues:
-        steps += _plan_queue(queue.name, states[queue.name], states[holding_name(queue.name)])
+        steps += _queue_steps(queue.name, states[queue.name], states[holding_name(queue.name)])
     return steps
 
 
-def _plan_queue(name: str, current: QueueState, holding: QueueState) -> list[Step]:
+def _queue_steps(name: str, current: QueueState, holding: QueueState) -> list[MigrationStep]:
     hold = holding_name(name)
     stage_one = current.exists and not current.matches
     if not stage_one and current.exists and not holding.exists:
         return []  # done, or never needed
-    steps: list[Step] = []
+    steps: list[MigrationStep] = []
     if stage_one:  # empty the old queue into the holding queue, which takes its bindings
         if not holding.exists:
-            steps.append(Step("declare-holding", hold))
-        steps += [Step("bind", hold), Step("unbind", name),
-                  Step("move", hold, source=name, messages=current.messages), Step("delete", name)]
-    steps += [Step("declare", name), Step("bind", name)]
+            steps.append(MigrationStep("declare-holding", hold))
+        steps += [MigrationStep("bind", hold), MigrationStep("unbind", name),
+                  MigrationStep("move", hold, source=name, messages=current.messages), MigrationStep("delete", name)]
+    steps += [MigrationStep("declare", name), MigrationStep("bind", name)]
     if stage_one or holding.exists:  # back from the holding queue
         back = holding.messages + (current.messages if stage_one else 0)
-        steps += [Step("unbind", hold), Step("move", name, source=hold, messages=back), Step("delete", hold)]
+        steps += [MigrationStep("unbind", hold), MigrationStep("move", name, source=hold, messages=back),
+                  MigrationStep("delete", hold)]
     return steps
 
 
@@ -147,13 +139,13 @@ def observe(connection: Any, queues: Iterable[Queue]) -> dict[str, QueueState]:
     counts = peek_queues(connection, [name for q in targets for name in (q.name, holding_name(q.name))])
     states: dict[str, QueueState] = {}
     for queue in targets:
-        states[queue.name] = _state(connection, queue.name, counts[queue.name], queue)
+        states[queue.name] = observed_state(connection, queue.name, counts[queue.name], queue)
         hold = holding_name(queue.name)
-        states[hold] = _state(connection, hold, counts[hold], None)
+        states[hold] = observed_state(connection, hold, counts[hold], None)
     return states
 
 
-def _state(connection: Any, name: str, counts: QueueCounts | None, target: Queue | None) -> QueueState:
+def observed_state(connection: Any, name: str, counts: QueueCounts | None, target: Queue | None) -> QueueState:
     if counts is None:
         return QueueState(name, exists=False)
     messages, consumers = counts
@@ -176,7 +168,7 @@ def holding_queue(queue: Queue) -> Queue:
     return Queue(holding_name(queue.name), durable=True, queue_arguments={"x-queue-type": queue_type})
 
 
-def execute(connection: Any, queues: Sequence[Queue], steps: Sequence[Step],
+def execute(connection: Any, queues: Sequence[Queue], steps: Sequence[MigrationStep],
             report: Callable[[str], Any] = logger.info) -> dict[str, int]:
     """Carry ``steps`` out for ``queues`` (target declarations); messages moved per queue.
 
@@ -192,7 +184,7 @@ def execute(connection: Any, queues: Sequence[Queue], steps: Sequence[Step],
             moved[step.source] = moved.get(step.source, 0) + count
             report(f"  moved {count} message(s)")
         elif step.action == "delete":
-            moved[step.queue] = moved.get(step.queue, 0) + _delete_when_empty(connection, step.queue, report)
+            moved[step.queue] = moved.get(step.queue, 0) + delete_when_empty(connection, step.queue, report)
         else:
             channel = connection.channel()
             try:
@@ -202,7 +194,7 @@ def execute(connection: Any, queues: Sequence[Queue], steps: Sequence[Step],
     return moved
 
 
-def _declare_or_bind(channel: Any, step: Step, queue: Queue) -> None:
+def _declare_or_bind(channel: Any, step: MigrationStep, queue: Queue) -> None:
     """A declare, bind or unbind step; ``queue`` is the target declaration it follows."""
     if step.action == "declare-holding":
         holding_queue(queue).bind(channel).queue_declare()
@@ -220,7 +212,7 @@ def _bindings(channel: Any, name: str, queue: Queue, *, bind: bool) -> None:
             channel.queue_unbind(name, exchange=b.exchange.name, routing_key=b.routing_key)
 
 
-def _delete_when_empty(connection: Any, name: str, report: Callable[[str], Any], target: str | None = None,
+def delete_when_empty(connection: Any, name: str, report: Callable[[str], Any], target: str | None = None,
                        copy: Copy | None = None) -> int:
     """Delete ``name`` if empty; messages that came in meanwhile go to ``target`` (by default its
     counterpart) first, through ``copy``."""
@@ -311,177 +303,3 @@ def copy_properties(properties: Mapping[str, Any], userid: str | None) -> dict[s
     headers.pop(DELIVERY_COUNT, None)
     new["application_headers"] = {key: as_sent(value) for key, value in headers.items()}
     return new
-
-
-
-# -- the archive: a queue of an earlier version into the stream of the same name ------------------------------
-
-#: The holding queue of an archive being moved to a stream.
-ARCHIVE_SUFFIX = ".moving"
-
-
-def archive_holding_name(archive: str) -> str:
-    """The classic queue that holds the archive's messages while the stream is made."""
-    return archive + ARCHIVE_SUFFIX
-
-
-@dataclass(frozen=True)
-class ArchiveState:
-    """The archive on the broker: ``kind`` is missing, queue (an earlier version's) or stream; its holding queue."""
-
-    kind: str
-    holding: QueueState
-    messages: int = 0
-    consumers: int = 0
-
-
-def archive_steps(archive: str, state: ArchiveState) -> list[Step]:
-    """The steps that move ``archive`` into a stream from ``state`` (pure; empty when there is nothing to do).
-
-    Raises MigrationError, before any step, when the old archive or the holding queue has consumers.
-    """
-    hold = state.holding
-    busy = [f"{name} ({n})" for name, n in ((archive, state.consumers), (hold.name, hold.consumers)) if n]
-    if busy:
-        raise MigrationError(f"consumers are attached to {', '.join(busy)}: stop whatever reads the archive "
-                             "(nothing was changed)")
-    steps: list[Step] = []
-    if state.kind == "queue":
-        if not hold.exists:
-            steps.append(Step("declare-holding", hold.name))
-        steps += [Step("bind", hold.name), Step("unbind", archive),
-                  Step("move", hold.name, source=archive, messages=state.messages), Step("delete", archive)]
-    elif not hold.exists:
-        return []  # a stream already, or no archive yet (declare makes it a stream)
-    if state.kind != "stream":
-        steps.append(Step("declare-stream", archive))
-    back = hold.messages + (state.messages if state.kind == "queue" else 0)
-    return [*steps, Step("fill", archive, source=hold.name, messages=back), Step("delete", hold.name)]
-
-
-def observe_archive(connection: Any, archive: str) -> ArchiveState:
-    """The archive's and its holding queue's state (passive declares; a stream offset tells a stream)."""
-    counts = peek_queues(connection, [archive, archive_holding_name(archive)])
-    hold = _state(connection, archive_holding_name(archive), counts[archive_holding_name(archive)], None)
-    found = counts[archive]
-    if found is None:
-        return ArchiveState("missing", hold)
-    try:
-        streams.last_chunk_offset(connection, archive, wait_s=0.0)
-    except streams.NotAStreamError:
-        return ArchiveState("queue", hold, messages=found.messages, consumers=found.consumers)
-    return ArchiveState("stream", hold)
-
-
-class _IntoStream:
-    """Makes each copy a message of the holding queue becomes in the archive stream: its archive key stamped
-    when it has none, its header table packed as the worker packs it (a stream drops arrays and tables:
-    :mod:`kombu_events.broker.stream_headers`); a message the
-    stream already holds (a crash between a confirm and its ack, or the switch of bindings) is dropped."""
-
-    def __init__(self, seen: Any, userid: str | None) -> None:
-        self.seen, self.userid = seen, userid
-        self.taken: list[bytes] = []  # content digests of every message taken from the holding queue
-        self.copied = self.duplicates = 0
-
-    def __call__(self, message: Any) -> tuple[bytes, dict[str, Any]] | None:
-        headers = dict(message.properties.get("application_headers") or {})
-        body = streams.body_of(message)
-        self.taken.append(content_digest(headers, message.properties, body))
-        if self.seen.has(headers, message.properties, body):
-            self.duplicates += 1
-            return None
-        headers.setdefault(ARCHIVE_KEY, new_archive_key())
-        if PACKED_HEADERS not in headers:  # archived by an earlier version: every header in the clear
-            headers = pack({"application_headers": headers})["application_headers"]
-        properties = copy_properties({**message.properties, "application_headers": headers}, self.userid)
-        self.seen.add(headers, properties, body)
-        self.copied += 1
-        return body, properties
-
-
-def move_archive(connection: Any, topology: Any, steps: Sequence[Step],
-                 report: Callable[[str], Any] = logger.info) -> dict[str, int]:
-    """Carry out :func:`archive_steps`; counts: ``old_queue`` (messages taken from the old archive),
-    ``taken`` (from the holding queue), ``copied``, ``duplicates`` (dropped: already in the stream) and
-    ``verified`` (of those taken, found in the stream by a read after the move)."""
-    archive = topology.archive_exchange
-    queue = next(q for q in topology.queues if q.name == archive)
-    into = _IntoStream(Seen(), getattr(connection, "userid", None))
-    counts = {"old_queue": 0}
-    for step in steps:
-        report(step.describe())
-        if step.action == "move":
-            counts["old_queue"] += move(connection, step.source, step.queue)
-            report(f"  moved {counts['old_queue']} message(s)")
-        elif step.action == "delete" and step.queue == archive:
-            counts["old_queue"] += _delete_when_empty(connection, archive, report,
-                                                      target=archive_holding_name(archive))
-        elif step.action == "delete":
-            _delete_when_empty(connection, step.queue, report, target=archive, copy=into)
-        elif step.action == "fill":
-            _fill(connection, topology, archive, step.source, into)
-            report(f"  copied {into.copied} message(s), {into.duplicates} already in the stream")
-        else:
-            channel = connection.channel()
-            try:
-                _archive_entity(channel, step, queue)
-            finally:
-                close_quietly(channel)
-    counts.update(taken=len(into.taken), copied=into.copied, duplicates=into.duplicates,
-                  verified=_verified(connection, archive, into.taken))
-    return counts
-
-
-def _archive_entity(channel: Any, step: Step, queue: Queue) -> None:
-    """A declare, bind or unbind step of the archive's move (one fanout binding, routing key "")."""
-    exchange = queue.name  # the archive exchange has the archive's name
-    if step.action == "declare-holding":
-        channel.queue_declare(step.queue, durable=True, auto_delete=False, arguments={"x-queue-type": "classic"})
-    elif step.action == "declare-stream":
-        queue.bind(channel).queue_declare()
-    elif step.action == "bind":
-        channel.queue_bind(step.queue, exchange=exchange, routing_key="")
-    else:
-        channel.queue_unbind(step.queue, exchange=exchange, routing_key="")
-
-
-def _fill(connection: Any, topology: Any, archive: str, holding: str, into: _IntoStream) -> None:
-    """Copy the holding queue into the stream, then give the stream the binding (see the module)."""
-    channel = connection.channel()
-    try:
-        channel.queue_bind(holding, exchange=archive, routing_key="")  # the holding queue alone takes new ones
-        channel.queue_unbind(archive, exchange=archive, routing_key="")
-        if streams.last_chunk_offset(connection, archive, wait_s=1.0) is None:
-            _write_opened(connection, archive)
-        into.seen.read(connection, archive)
-        move(connection, holding, archive, copy=into)
-        mark = streams.last_chunk_offset(connection, archive, wait_s=1.0)
-        channel.queue_bind(archive, exchange=archive, routing_key="")
-        channel.queue_unbind(holding, exchange=archive, routing_key="")
-        time.sleep(SETTLE_S)  # a message routed to both before the unbind is in the stream by then
-        into.seen.read(connection, archive, start="first" if mark is None else mark)
-        move(connection, holding, archive, copy=into)
-    finally:
-        close_quietly(channel)
-
-
-def _write_opened(connection: Any, archive: str) -> None:
-    """The stream's first record: an ``opened`` settlement (readers find the end of a stream from its last)."""
-    body, properties = settlement_record(OPENED, (), by=getattr(connection, "userid", None),
-                                         note="archive moved from a queue of an earlier version")
-    writer = StreamWriter(connection, archive)
-    try:
-        writer.put(body, properties)
-        writer.flush()
-    finally:
-        writer.close()
-
-
-def _verified(connection: Any, archive: str, taken: list[bytes]) -> int:
-    """How many of the ``taken`` messages (content digests) a read of the whole stream finds."""
-    if not taken:
-        return 0
-    found = Seen()
-    found.read(connection, archive)
-    return sum(1 for digest in taken if digest in found.digests)

@@ -1,7 +1,7 @@
 """``Schedules``: the periodic schedules of one ``Events`` service.
 
 What was registered with ``@events.periodic``, the handler of each schedule's token
-queue (a :class:`~kombu_events.periodic.runner.ScheduleRunner`), the seeder that
+queue (a :class:`~kombu_events.periodic.tokens.TokenHandler`), the seeder that
 starts them, and the store their state is read from and written to. The arithmetic
 of periods and tokens is pure, in :mod:`kombu_events.core.schedule`.
 """
@@ -19,7 +19,7 @@ from ..core.handlers import Handler, check_runnable
 from ..core.schedule import Schedule, make_schedule
 from ..core.topology import Topology
 from ..errors import ConfigurationError, TopologyMissingError
-from .runner import ScheduleRunner, Seeder, StateStore
+from .tokens import Seeder, StateStore, TokenHandler
 
 F = TypeVar("F", bound=Callable[[Any], Any])
 
@@ -91,7 +91,7 @@ class Schedules:
                 f"every of schedule {schedule.name!r} is {schedule.every_ms} ms, shorter than the ladder's unit "
                 f"(delay_unit_ms={s.delay_unit_ms}): lower delay_unit_ms (and raise delay_levels) to run it")
         # Never archived: a token that fails for want of the broker is retried until it goes through.
-        return Handler(fn=ScheduleRunner(self, schedule, fn), name=f"schedule.{schedule.name}", queue=schedule.queue,
+        return Handler(fn=TokenHandler(self, schedule, fn), name=f"schedule.{schedule.name}", queue=schedule.queue,
                        binding_keys=(), max_retries=10_000, backoff=s.default_backoff, bind=True,
                        prefetch=1, single_active_consumer=True, expires_ms=schedule.retire_after_ms)
 

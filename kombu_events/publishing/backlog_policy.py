@@ -1,7 +1,10 @@
-"""Publishing with a local backlog, decided: publish now or store locally; what a flush settled (pure)."""
+"""Publishing with a local backlog, decided: publish now or store locally; what a flush settled (pure).
+
+What every publish returns, :class:`~kombu_events.Published`, is in :mod:`kombu_events.publishing.published`.
+"""
 from __future__ import annotations
 
-__all__ = ["Published", "PUBLISH", "STORE", "publish_or_store", "storable", "BatchResult", "settle_batch"]
+__all__ = ["PUBLISH", "STORE", "publish_or_store", "storable", "BatchResult", "settle_batch"]
 
 from dataclasses import dataclass
 from typing import Sequence
@@ -12,37 +15,6 @@ from ..errors import BacklogFullError, BrokerUnavailableError, ConfirmTimeoutErr
 PUBLISH = "publish"
 #: :func:`publish_or_store`'s answer: store the event in the local backlog.
 STORE = "store"
-
-
-class Published(str):
-    """The ``message_id`` of an event ``publish`` accepted; ``stored_locally`` says where it is.
-
-    False: the broker confirmed it. True: it waits in the local backlog and the flusher
-    publishes it, in order, once the broker answers. It is a ``str`` (the message id),
-    so code that stores or compares the id keeps working.
-    """
-
-    stored_locally: bool
-
-    def __new__(cls, message_id: str, *, stored_locally: bool = False) -> Published:
-        published = super().__new__(cls, message_id)
-        published.stored_locally = stored_locally
-        return published
-
-    @property
-    def message_id(self) -> str:
-        """The id as a plain ``str``."""
-        return str.__str__(self)
-
-    def __repr__(self) -> str:
-        return f"Published({self.message_id!r}, stored_locally={self.stored_locally})"
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return _published, (self.message_id, self.stored_locally)
-
-
-def _published(message_id: str, stored_locally: bool) -> Published:
-    return Published(message_id, stored_locally=stored_locally)
 
 
 def publish_or_store(*, circuit_closed: bool, backlog_pending: bool) -> str:

@@ -1,7 +1,7 @@
 """Publishing with a backlog: to the broker while it answers, into the backlog while not; drained in order.
 
 :class:`BacklogPublisher` carries out what :mod:`kombu_events.publishing.backlog_policy` and
-:mod:`kombu_events.publishing.circuits` decide. Its daemon thread (one per process,
+:mod:`kombu_events.publishing.breakers` decide. Its daemon thread (one per process,
 started when events wait or checks are due) runs the health checks and flushes the
 backlog batch by batch, each under the backlog's flush lock: read the oldest rows,
 publish them with pipelined confirms, delete the confirmed ones. A crash between the
@@ -21,11 +21,11 @@ from typing import Any, Callable, Sequence
 
 from amqp import Message
 
+from ..core.health import run_check
 from ..errors import KombuEventsError, UnroutableError
 from .backlog import Backlog, Stored, encode_properties
 from .backlog_policy import PUBLISH, publish_or_store, settle_batch, storable
-from .checks import run_check
-from .circuits import Change, Guard
+from .breakers import Change, PublisherBreakers
 from .publisher import Publisher
 
 logger = logging.getLogger(__name__)
@@ -51,12 +51,12 @@ class FlushReport:
 class BacklogPublisher:
     """The backlog, the circuits and the flusher of one :class:`~kombu_events.Events`."""
 
-    def __init__(self, backlog: Backlog, publisher: Callable[[], Publisher], guard: Guard, *,
+    def __init__(self, backlog: Backlog, publisher: Callable[[], Publisher], breakers: PublisherBreakers, *,
                  on_flushed: OnFlushed | None = None, clock: Callable[[], float] = time.monotonic,
                  idle_poll_s: float = 1.0) -> None:
-        self.backlog, self.guard, self.clock = backlog, guard, clock
+        self.backlog, self.breakers, self.clock = backlog, breakers, clock
         self._publisher, self._on_flushed, self.idle_poll_s = publisher, on_flushed, idle_poll_s
-        self._lock = threading.RLock()  # the guard's state; starting and ending the thread
+        self._lock = threading.RLock()  # the breakers' state; starting and ending the thread
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
@@ -67,14 +67,14 @@ class BacklogPublisher:
         """Per item: None (confirmed), :data:`STORED`, or the error the caller must see."""
         for _x, _k, message in items:
             encode_properties(message.properties)  # the same EncodeError whether the broker is up or not
-        if self._pid != os.getpid() or (self._thread is None and self.guard.periodic()):
+        if self._pid != os.getpid() or (self._thread is None and self.breakers.periodic()):
             self._start_if_wanted()
         with self._lock:
-            closed = self.guard.closed()
+            closed = self.breakers.closed()
         if publish_or_store(circuit_closed=closed, backlog_pending=closed and self.backlog.pending()) != PUBLISH:
             return self._store(items)
         try:
-            results: list[Exception | str | None] = list(self._publisher().publish_many(items))
+            results: list[Exception | str | None] = list(self._publisher().send_many(items))
         except KombuEventsError as exc:
             results = [exc] * len(items)
         failed = {i: e for i, e in enumerate(results) if isinstance(e, Exception) and storable(e)}
@@ -94,7 +94,7 @@ class BacklogPublisher:
 
     def _failed(self, error: Exception, now: float | None = None) -> None:
         with self._lock:
-            change = self.guard.publish_failed(self.clock() if now is None else now, str(error))
+            change = self.breakers.publish_failed(self.clock() if now is None else now, str(error))
         _log_change(change)
 
     # -- flushing --------------------------------------------------------------------------------
@@ -112,7 +112,7 @@ class BacklogPublisher:
     def _flush_rows(self, rows: Sequence[Stored], publisher: Publisher) -> FlushReport:
         items = [(r.exchange, r.routing_key, r.message()) for r in rows]
         try:
-            results: list[Exception | None] = list(publisher.publish_many(items))
+            results: list[Exception | None] = list(publisher.send_many(items))
         except KombuEventsError as exc:
             results = [exc] * len(items)
         batch = settle_batch([r.seq for r in rows], results)
@@ -167,7 +167,7 @@ class BacklogPublisher:
     def wanted(self) -> bool:
         """Whether the daemon has work: events wait, a circuit is open, or a check runs on an interval."""
         with self._lock:
-            return not self.guard.closed() or self.guard.periodic() or self.backlog.pending()
+            return not self.breakers.closed() or self.breakers.periodic() or self.backlog.pending()
 
     def _run(self) -> None:
         me = threading.current_thread()
@@ -198,7 +198,7 @@ class BacklogPublisher:
         """Run due checks, flush one batch if the circuits allow; how long to wait (None: nothing to do)."""
         self._run_checks()
         with self._lock:
-            closed = self.guard.closed()
+            closed = self.breakers.closed()
         if closed and self.backlog.pending():
             report = self.flush_once()
             if report.error is not None:
@@ -208,18 +208,18 @@ class BacklogPublisher:
             return self.idle_poll_s if report.busy else 0.0
         with self._lock:
             now = self.clock()
-            due = self.guard.next_due(now)
+            due = self.breakers.next_due(now)
         if due is not None:
             return min(max(0.0, due - now), self.idle_poll_s * 5)
         return None if not self.wanted() else self.idle_poll_s
 
     def _run_checks(self) -> None:
         with self._lock:
-            due = self.guard.due(self.clock())
+            due = self.breakers.due(self.clock())
         for check in due:
-            status, reason = run_check(check)
+            result = run_check(check.fn)
             with self._lock:
-                change = self.guard.report(check.name, status, self.clock(), reason)
+                change = self.breakers.report(check.name, result.status, self.clock(), result.reason)
             _log_change(change)
 
     def stop(self, timeout_s: float = 5.0) -> None:

@@ -18,7 +18,7 @@ from kombu import Connection
 
 from ..broker.confirms import RETURNED, Confirmer
 from ..broker.connections import broker_connection, unreachable
-from ..core import headers as wire
+from ..core import wire
 from ..core.logs import refusal_text, safe_url
 from ..core.topology import Topology
 from ..errors import (
@@ -77,7 +77,11 @@ def addressed(topology: Topology, routing_key: str, message: Message, delay_s: f
 
 
 class Publisher:
-    """A lazily opened connection that publishes with confirms; safe across threads and forks.
+    """A lazily opened connection that sends built messages with confirms; safe across threads and forks.
+
+    :meth:`send` and :meth:`send_many` take messages already built and addressed (``Events.publish``
+    builds them, through :class:`~kombu_events.publishing.service.ServicePublisher`); each sends
+    with :meth:`Confirmer.publish <kombu_events.broker.confirms.Confirmer.publish>` (one ``basic.publish``).
 
     ``app``: the Celery app whose broker settings the connection takes (``broker_use_ssl``,
     ``broker_login_method``, ...; see ``kombu_events.broker.connections.broker_connection``).
@@ -116,14 +120,14 @@ class Publisher:
                 self._connection.release()
             self._connection = self._confirmer = None
 
-    def publish(self, exchange: str, routing_key: str, message: Message) -> None:
-        """Publish one message and wait for its confirm; raise if returned, nacked or unconfirmed."""
-        errors = self.publish_many([(exchange, routing_key, message)])
+    def send(self, exchange: str, routing_key: str, message: Message) -> None:
+        """Send one built message and wait for its confirm; raise if returned, nacked or unconfirmed."""
+        errors = self.send_many([(exchange, routing_key, message)])
         if errors[0] is not None:
             raise errors[0]
 
-    def publish_many(self, items: Iterable[tuple[str, str, Message]]) -> list[PublishError | None]:
-        """Publish all, then wait for every confirm (pipelined); one error or None per item."""
+    def send_many(self, items: Iterable[tuple[str, str, Message]]) -> list[PublishError | None]:
+        """Send all, then wait for every confirm (pipelined); one error or None per item."""
         with self._lock:
             confirmer = self._ensure()
             results: list[PublishError | bool | None] = []

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 from .. import signals
 from ..core import names, topic
-from ..core.circuit import CircuitBreaker
+from ..core.breaker import CircuitBreaker
 from ..core.config import Settings
 from ..core.contracts import Contract, Publication, outgoing, parameter_contracts
 from ..core.handlers import validate_binding_key
@@ -27,10 +27,10 @@ from ..core.topology import Topology, build_topology
 from ..errors import InvalidPayload, KombuEventsError
 from ..middleware.base import Hooks
 from .backlog import Backlog, open_backlog
-from .backlog_policy import Published
+from .breakers import PublisherBreakers, publisher_policy
 from .buffered import STORED, BacklogPublisher
-from .checks import PublisherCheck, as_check, broker_check
-from .circuits import Guard, publisher_policy
+from .health import PublisherCheck, as_check, broker_check
+from .published import Published
 from .publisher import Publisher, addressed, build_message
 
 Item = tuple[str, str, Any]  # (exchange, routing key, message)
@@ -83,9 +83,9 @@ class ServicePublisher:
             return None
         with self._backlog_publisher_lock:  # one per service, even when threads publish their first events at once
             if self._backlog_publisher is None:
-                guard = Guard([broker_check(self._broker_url(), self.app), *self._health_checks],
+                breakers = PublisherBreakers([broker_check(self._broker_url(), self.app), *self._health_checks],
                               self._publisher_circuit)
-                self._backlog_publisher = BacklogPublisher(self.backlog, lambda: self.publisher, guard,
+                self._backlog_publisher = BacklogPublisher(self.backlog, lambda: self.publisher, breakers,
                                                            on_flushed=self._flushed)
         return self._backlog_publisher
 
@@ -123,7 +123,7 @@ class ServicePublisher:
         if self.backlog_publisher is not None:
             return self._through_backlog([(exchange, key, message)])[0]
         try:
-            self.publisher.publish(exchange, key, message)
+            self.publisher.send(exchange, key, message)
         except KombuEventsError as exc:
             self._after_publish(exchange, key, message, exc)
             raise
@@ -174,7 +174,7 @@ class ServicePublisher:
     def _publish_many(self, items: list[Item]) -> list[Published]:
         """Without a backlog: confirmed, or the first error raised (after every hook ran)."""
         try:
-            errors: list[Any] = list(self.publisher.publish_many(items))
+            errors: list[Any] = list(self.publisher.send_many(items))
         except KombuEventsError as exc:
             errors = [exc] * len(items)
         for (exchange, routing_key, message), error in zip(items, errors):

@@ -1,7 +1,7 @@
 """Where RabbitMQ puts a message published into a topology: bindings, alternate exchanges, TTL, dead-lettering.
 
 A pure model of the broker's routing over the unbound kombu entities of
-:mod:`kombu_events.core.topology`, for the test stub and for tests. :meth:`BrokerModel.publish`
+:mod:`kombu_events.core.topology`, for the test stub and for tests. :meth:`BrokerModel.follow`
 follows a message from the exchange it is published to, through exchange-to-exchange
 bindings (and an exchange's alternate exchange when nothing matches), into every queue
 that takes it. A queue nobody consumes that has an ``x-message-ttl`` and an
@@ -146,7 +146,7 @@ class BrokerModel:
             else:
                 self._route(destination, key, reached, seen)
 
-    def publish(self, exchange: str, routing_key: str) -> Routed:
+    def follow(self, exchange: str, routing_key: str) -> Routed:
         """Follow one publish until every copy of it is in a queue that holds it, or lost."""
         entered = self.route(exchange, routing_key)
         landings: list[Landing] = []

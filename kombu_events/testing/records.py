@@ -5,7 +5,7 @@ __all__ = ["SentMessage", "Settled", "Pending", "ArchivedCopy", "fails_fast"]
 
 from typing import Any, Callable, Mapping, NamedTuple
 
-from ..core import headers as wire
+from ..core import wire
 from ..core.codec import JSON, decode
 from ..core.decision import Outcome
 from ..core.handlers import Handler

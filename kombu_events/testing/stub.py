@@ -25,26 +25,25 @@ import random
 import time
 from decimal import Decimal
 from types import TracebackType
-from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import unquote, urlsplit
+from typing import Any, Callable, Mapping
 
 from .. import registry, signals
-from ..core import archive_records, decision, headers as wire
+from ..core import archive_records, decision, wire
 from ..core.codec import JSON
-from ..core.contracts import outgoing
 from ..core.delivery import Delivery, read_delivery
 from ..core.event import Event
 from ..core.handlers import Handler
 from ..core.settlement import Republish, Step, plan
 from ..core.topology import Topology
-from ..errors import ConfigurationError, KombuEventsError, PublishError
+from ..errors import ConfigurationError, KombuEventsError
 from ..events import Events
-from ..publishing.publisher import Publisher, build_message
+from ..publishing.publisher import Publisher
 from ..worker import runner
 from ..worker.screening import announce, screen
 from .broker_model import Routed
 from .records import ArchivedCopy, Pending, SentMessage, Settled, fails_fast
 from .stub_broker import LostCopy, QueuedCopy, StubBroker
+from .stub_publishing import StubPublisher, broker_user, default_exchange, published_message
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +81,7 @@ class StubEvents:
         #: Every settled delivery, in order (``acked``, ``retried``, ... are views of it).
         self.settled: list[Settled] = []
         #: The RabbitMQ user the worker would connect as (the broker URL's): the ``user_id`` of its republished copies.
-        self.userid: str | None = _broker_user(self.app.conf.broker_url)
+        self.userid: str | None = broker_user(self.app.conf.broker_url)
 
     # -- records --------------------------------------------------------------------------------
 
@@ -210,9 +209,9 @@ class StubEvents:
         ``content_encoding`` None leaves that property out; ``properties`` adds or
         replaces any other. ``mandatory``: raise UnroutableError when no queue is bound.
         """
-        body, sent = _outgoing(payload, headers, content_type, content_encoding, message_id, correlation_id,
-                               properties)
-        exchange = exchange or _default_exchange(self._events, self.app)
+        body, sent = published_message(payload, headers, content_type, content_encoding, message_id,
+                                       correlation_id, properties)
+        exchange = exchange or default_exchange(self._events, self.app)
         error = self._broker.route(exchange, routing_key, body, sent, mandatory)
         if error is not None:
             raise error
@@ -347,7 +346,7 @@ class StubEvents:
         """Make the app's services publish into this stub (``events.publish``, ``publish_many``, ``@event``)."""
         for events in registry.services_of(self.app):
             self._saved.append((events, events.publishing._publisher))
-            events.publishing.publisher = _StubPublisher(self._broker)
+            events.publishing.publisher = StubPublisher(self._broker)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -356,41 +355,6 @@ class StubEvents:
         while self._saved:
             events, publisher = self._saved.pop()
             events.publishing.publisher = publisher
-
-
-def _outgoing(payload: Any, headers: Mapping[str, Any] | None, content_type: str | None,
-              content_encoding: str | None, message_id: str | None, correlation_id: str | None,
-              properties: Mapping[str, Any] | None) -> tuple[bytes, dict[str, Any]]:
-    """The body and properties :meth:`StubEvents.publish` sends, as any AMQP publisher would."""
-    message = build_message(None if isinstance(payload, bytes) else outgoing(payload), message_id=message_id,
-                            correlation_id=correlation_id, headers=headers)
-    sent = dict(message.properties)
-    for name, value in (("content_type", content_type), ("content_encoding", content_encoding)):
-        if value is None:
-            sent.pop(name, None)
-        else:
-            sent[name] = value
-    sent.update(properties or {})
-    return (payload if isinstance(payload, bytes) else bytes(message.body)), sent
-
-
-def _broker_user(url: Any) -> str | None:
-    """The user name of the app's (first) broker URL, as the worker's connection would log in; None if none."""
-    try:
-        user = urlsplit(str(url or "").split(";")[0]).username
-    except ValueError:
-        return None
-    return unquote(user) if user else None
-
-
-def _default_exchange(events: Events | None, app: Any) -> str:
-    """The exchange :meth:`StubEvents.publish` publishes to when given none: the target's, else the app's one."""
-    if events is not None:
-        return str(events.settings.exchange)
-    exchanges = sorted({service.settings.exchange for service in registry.services_of(app)})
-    if len(exchanges) != 1:
-        raise ConfigurationError(f"the app's services use exchanges {exchanges}: pass exchange=")
-    return str(exchanges[0])
 
 
 class _Listening:
@@ -407,19 +371,3 @@ class _Listening:
     def __exit__(self, *exc_info: Any) -> None:
         signals.handler_started.disconnect(dispatch_uid=self.uid + ".started")
         signals.handler_failed.disconnect(dispatch_uid=self.uid + ".failed")
-
-
-class _StubPublisher(Publisher):
-    """What ``Events.publish`` and ``publish_many`` publish through while a stub stands in for the broker."""
-
-    def __init__(self, broker: StubBroker) -> None:
-        super().__init__("memory://")
-        self.broker = broker
-
-    def publish_many(self, items: Iterable[tuple[str, str, Any]]) -> list[PublishError | None]:
-        """Route each message into the stub's broker, mandatory, as the broker would; one error or None each."""
-        return [self.broker.route(exchange, routing_key, bytes(message.body), dict(message.properties), True)
-                for exchange, routing_key, message in items]
-
-    def close(self) -> None:
-        """Nothing to close."""

@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .. import registry
 from ..broker.confirms import RETURNED
-from ..core import archive_records, headers as wire, names
+from ..core import archive_records, names, wire
 from ..core.archive_records import Fold, Settlement
 from ..core.topology import Topology
 from ..errors import KombuEventsError, PublishError, UnroutableError
@@ -99,7 +99,7 @@ class StubBroker:
         """Route a publish through the app's topology: a copy for every handler queue it lands in, now or, for
         a delayed publish (to the exchange's own ladder), when it comes due; a delayed one no queue is
         bound for when due waits in the exchange's unrouted queue, and is only recorded."""
-        routed = self.model().publish(exchange, routing_key)
+        routed = self.model().follow(exchange, routing_key)
         event_exchange, event_key, delay_ms = self._undelayed(exchange, routing_key)
         queues = self.land(routed, event_key, body, properties)
         self.published.append(SentMessage(event_exchange, event_key, body, properties, queues, delay_ms))
@@ -115,7 +115,7 @@ class StubBroker:
         key = routing_key.decode("utf-8", "surrogateescape") if isinstance(routing_key, bytes) else routing_key
         if not model.has_exchange(exchange):  # the broker closes the channel: the publish fails
             return None, f"NOT_FOUND - no exchange {exchange!r}"
-        routed = model.publish(exchange, key)
+        routed = model.follow(exchange, key)
         return (routed, None) if routed.entered else (None, RETURNED)
 
     def _undelayed(self, exchange: str, routing_key: str) -> tuple[str, str, float]:

@@ -9,7 +9,7 @@ import ssl
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import click
 from amqp.exceptions import AccessRefused
@@ -23,6 +23,7 @@ from ..broker.version import describe
 from ..core.config import resolve_metrics_settings
 from ..errors import BrokerTooOldError, ConfigurationError, TopologyMissingError
 from ..integrations import sentry
+from ..registry import EventsService
 from . import task_queues
 from .consumer import ServiceConsumer
 
@@ -141,7 +142,7 @@ def _naming(what: str, consumer: ServiceConsumer) -> Iterator[None]:
         raise
 
 
-def _declare_command(services: list[Any]) -> Callable[[Any], str]:
+def _declare_command(services: list[EventsService]) -> Callable[[EventsService], str]:
     """The command that declares a service's topology, with the worker's ``-A`` module when it has one."""
     app = "APP"
     argv = sys.argv
@@ -214,10 +215,11 @@ def _verify_tls(app: Any) -> None:
                               for key, value in added.items()))
 
 
-def _outbox_gauges(step: EventsStep, events: Any) -> Callable[[], None] | None:
+def _outbox_gauges(step: EventsStep, events: EventsService) -> Callable[[], None] | None:
     """After a relay pass, at most every 5 s: the outbox's depth and oldest row's age for the metrics (when served)."""
-    if getattr(events, "outbox", None) is None:
+    if events.outbox is None:
         return None
+    backend = cast(database.Backend, events.database)  # Events sets it: an outbox needs a database
     due = [0.0]
 
     def update() -> None:
@@ -226,14 +228,14 @@ def _outbox_gauges(step: EventsStep, events: Any) -> Callable[[], None] | None:
         due[0] = time.monotonic() + OUTBOX_READ_S
         readers = [m for m in events.hooks.middleware if hasattr(m, "outbox_read")]  # the worker's metrics
         if readers:
-            found = database.status(events.database)
+            found = database.status(backend)
             for reader in readers:
                 reader.outbox_read(events.service, found.depth, found.oldest_age_s)
 
     return update
 
 
-def _serve_metrics(app: Any, services: list[Any], port: int | None) -> Any:
+def _serve_metrics(app: Any, services: list[EventsService], port: int | None) -> Any:
     """The metrics endpoint when a port is set (flag, else ``kombu_events_metrics_port``), else None.
 
     Served from here, before the pool forks: a port that cannot be bound stops the

@@ -2,7 +2,7 @@
 
 An effect on the connection asked for from inside a callback that py-amqp is
 dispatching (a breaker pausing a queue from a ``settled`` hook, which runs inside a
-confirm), or from another thread (a thread pool's result, a health check's verdict),
+confirm), or from another thread (a thread pool's result, a health check's result),
 must not run there. It is posted here and run on the event loop: with a hub, a byte on
 a wake pipe makes the hub drain the mailbox on its next turn; without one (gevent,
 eventlet), Celery's ``call_soon`` drains it between two reads of its blocking loop.

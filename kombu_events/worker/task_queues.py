@@ -22,6 +22,7 @@ import logging
 from typing import Any, Iterable
 
 from ..errors import ConfigurationError
+from ..registry import EventsService
 
 try:  # Celery >= 5.5
     from celery.worker.consumer import delayed_delivery
@@ -45,7 +46,7 @@ def classic_task_queues(app: Any) -> list[str]:
     )
 
 
-def check_task_queues(app: Any, services: Iterable[Any]) -> None:
+def check_task_queues(app: Any, services: Iterable[EventsService]) -> None:
     """Raise ConfigurationError if a quorum service shares its worker with a classic task queue.
 
     Otherwise, with any quorum service, turn ``broker_channel_error_retry`` on (logged):

@@ -11,7 +11,7 @@ from kombu import Connection
 
 from kombu_events import Events
 from kombu_events.broker.declare import declare
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.archive_records import Settlement
 from kombu_events.ops.archive import ArchivedMessage, read, records
 

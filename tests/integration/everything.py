@@ -365,7 +365,7 @@ class Scenario(Faults):
             time.sleep(1)
 
     def _scrape(self) -> tuple[dict[tuple[str, str], float] | None, int]:
-        """{(queue, outcome): kombu_events_messages_total} of the handler queues, and /healthz's status."""
+        """{(queue, action): kombu_events_messages_total} of the handler queues, and /healthz's status."""
         from prometheus_client.parser import text_string_to_metric_families
 
         base = f"http://127.0.0.1:{self.metrics_port}"
@@ -379,7 +379,7 @@ class Scenario(Faults):
         with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
             text = response.read().decode()
         queues = {f"{self.service}.{h}" for h in HANDLERS}
-        found = {(s.labels["queue"], s.labels["outcome"]): s.value
+        found = {(s.labels["queue"], s.labels["action"]): s.value
                  for family in text_string_to_metric_families(text) for s in family.samples
                  if s.name == "kombu_events_messages_total" and s.labels.get("queue") in queues}
         return found, status

@@ -301,7 +301,7 @@ def _circuits(changes: list[dict[str, Any]], figures: dict[str, Any]) -> list[st
 
 
 def _metrics(ledger: Ledger, hooks: list[dict[str, Any]], metrics: dict[tuple[str, str], float]) -> list[str]:
-    """The final worker's kombu_events_messages_total against its own ``settled`` hooks, by queue and outcome."""
+    """The final worker's kombu_events_messages_total against its own ``settled`` hooks, by queue and action."""
     counted = Counter((h["queue"], h["action"]) for h in hooks if h["hook"] == "settled"
                       and h["pid"] == ledger.final_pid and h["queue"] in ledger.handler_queues)
     scraped = Counter({key: int(value) for key, value in metrics.items() if value})

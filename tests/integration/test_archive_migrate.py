@@ -17,10 +17,10 @@ from amqp import Message
 from kombu import Connection
 
 from kombu_events.broker import streams
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.config import Settings
 from kombu_events.core.topology import build_topology
-from kombu_events.ops import archive, archive_rewrite, migrate
+from kombu_events.ops import archive, archive_rewrite, migrate_archive
 from kombu_events.testing import temporary_vhost
 
 from .harness import Project, management_queue, run_cli, unique, wait_for
@@ -148,7 +148,7 @@ def test_the_archive_moves_to_a_stream_while_workers_archive_every_message_once(
     live = archiver.finish()
     assert done.returncode == 0, done.stderr + done.stdout
     assert management_queue(url, name)["type"] == "stream"
-    assert gone(url, migrate.archive_holding_name(name)), "the holding queue is deleted"
+    assert gone(url, migrate_archive.archive_holding_name(name)), "the holding queue is deleted"
     found = ids_in_stream(url, name)
     expected = set(old) | set(live)
     duplicates = sum(n - 1 for n in found.values())
@@ -171,7 +171,7 @@ class Crash(Exception):
 
 
 def dies_after(n: int):
-    real = migrate._IntoStream.__call__
+    real = migrate_archive._IntoStream.__call__
     calls = {"n": 0}
 
     def copy(self, message):
@@ -192,24 +192,24 @@ def test_a_move_cut_after_any_step_or_inside_a_copy_is_finished_by_the_next_run(
     topology = build_topology(Settings(service=project.service, exchange=project.exchange), ())
     with Connection(url) as conn:
         conn.connect()
-        initial = migrate.archive_steps(name, migrate.observe_archive(conn, name))
+        initial = migrate_archive.archive_steps(name, migrate_archive.observe_archive(conn, name))
     between, crashed = [], False
     for cut in initial:  # a run dies after each step of the first plan, once; the next plans anew
         with Connection(url) as conn:
             conn.connect()
-            steps = migrate.archive_steps(name, migrate.observe_archive(conn, name))
+            steps = migrate_archive.archive_steps(name, migrate_archive.observe_archive(conn, name))
             where = [(st.action, st.queue, st.source) for st in steps]
             if (cut.action, cut.queue, cut.source) not in where:
                 continue  # done by an earlier run
             steps = steps[:where.index((cut.action, cut.queue, cut.source)) + 1]
             if cut.action == "fill":  # dies inside the copy: copies confirmed, originals not acked
                 crashed = True
-                monkeypatch.setattr(migrate._IntoStream, "__call__", dies_after(450))
+                monkeypatch.setattr(migrate_archive._IntoStream, "__call__", dies_after(450))
                 with pytest.raises(Crash):
-                    migrate.move_archive(conn, topology, steps, report=lambda line: None)
+                    migrate_archive.move_archive(conn, topology, steps, report=lambda line: None)
                 monkeypatch.undo()
             else:
-                migrate.move_archive(conn, topology, steps, report=lambda line: None)
+                migrate_archive.move_archive(conn, topology, steps, report=lambda line: None)
         between.append(unique(f"after-{cut.action}-"))
         publish(url, name, between[-1:])
     finished = run_cli(project, "migrate", "--archive", timeout=180)
@@ -221,7 +221,7 @@ def test_a_move_cut_after_any_step_or_inside_a_copy_is_finished_by_the_next_run(
           f"duplicates {sum(n - 1 for n in found.values())}")
     assert set(found) == set(old) | set(between), "nothing lost"
     assert sum(n - 1 for n in found.values()) == 0, "a copy confirmed before the crash is not copied again"
-    assert management_queue(url, name)["type"] == "stream" and gone(url, migrate.archive_holding_name(name))
+    assert management_queue(url, name)["type"] == "stream" and gone(url, migrate_archive.archive_holding_name(name))
 
 
 def test_a_run_killed_in_the_move_is_finished_by_the_next(project):
@@ -235,7 +235,7 @@ def test_a_run_killed_in_the_move_is_finished_by_the_next(project):
     def holding() -> int:
         with Connection(url) as conn:
             try:
-                return int(conn.channel().queue_declare(migrate.archive_holding_name(name), passive=True)[1])
+                return int(conn.channel().queue_declare(migrate_archive.archive_holding_name(name), passive=True)[1])
             except Exception:
                 return 0
 

@@ -20,7 +20,7 @@ import pytest
 from kombu import Connection
 
 from kombu_events.broker import stream_headers, streams
-from kombu_events.core import archive_records, headers as wire
+from kombu_events.core import archive_records, wire
 from kombu_events.ops import archive
 from kombu_events.ops.archive_rewrite import rewrite
 from kombu_events.ops.status import gather

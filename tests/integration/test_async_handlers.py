@@ -70,7 +70,7 @@ def publish(broker_url, exchange, items):
     publisher = Publisher(broker_url)
     try:
         batch = [(exchange, key, build_message(body, message_id=message_id)) for key, body, message_id in items]
-        assert publisher.publish_many(batch) == [None] * len(batch)
+        assert publisher.send_many(batch) == [None] * len(batch)
     finally:
         publisher.close()
 

@@ -21,7 +21,7 @@ import pytest
 from celery import Celery
 
 from kombu_events import Backlog, Events
-from kombu_events.core.circuit import CircuitBreaker
+from kombu_events.core.breaker import CircuitBreaker
 
 from .harness import ROOT, unique, wait_for
 
@@ -34,7 +34,7 @@ PUBLISHER = '''
 import json, sys, time
 from celery import Celery
 from kombu_events import Backlog, Events
-from kombu_events.core.circuit import CircuitBreaker
+from kombu_events.core.breaker import CircuitBreaker
 
 url, path, exchange, prefix, count, batch, start_at, stay, chunk = sys.argv[1:]
 app = Celery("p" + prefix, broker=url)
@@ -218,7 +218,7 @@ def test_an_open_circuit_stores_without_waiting_and_closes_once_the_broker_answe
     private_broker.start_app()
     outbox = events.publishing.backlog_publisher
     assert outbox is not None
-    wait_for(lambda: outbox.guard.closed() and events.backlog.status().depth == 0, timeout=30,
+    wait_for(lambda: outbox.breakers.closed() and events.backlog.status().depth == 0, timeout=30,
              what="the broker's health check passed, the circuit closed and the backlog drained")
     after_stored, after = _timed(events, "after")
     assert not after_stored, "the circuit is closed again: published directly"

@@ -41,7 +41,7 @@ def publish(broker_url, exchange, ids):
     publisher = Publisher(broker_url)
     try:
         items = [(exchange, f"batch.{i}", build_message({"id": i}, message_id=f"id-{i}")) for i in ids]
-        assert publisher.publish_many(items) == [None] * len(items)
+        assert publisher.send_many(items) == [None] * len(items)
     finally:
         publisher.close()
 

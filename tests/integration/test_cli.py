@@ -19,7 +19,7 @@ import pytest
 from kombu import Connection
 
 from kombu_events.broker import streams
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.config import Settings
 from kombu_events.core.logs import safe_url
 from kombu_events.core.topology import build_topology

@@ -79,7 +79,7 @@ def publish(url: str, exchange: str, events: list[tuple[str, dict[str, Any]]], b
         for start in range(0, len(events), batch):
             items = [(exchange, key, build_message(payload, message_id=payload["id"]))
                      for key, payload in events[start:start + batch]]
-            errors = publisher.publish_many(items)
+            errors = publisher.send_many(items)
             assert not any(errors), errors
             confirmed += [payload["id"] for _key, payload in events[start:start + batch]]
     finally:
@@ -185,7 +185,7 @@ def test_publish_many_while_the_publishers_node_dies(cluster, project):
                 batch = [unique("p") for _ in range(50)]
                 items = [(project.exchange, "work.published", build_message({"id": i}, message_id=i)) for i in batch]
                 try:
-                    results = publisher.publish_many(items)
+                    results = publisher.send_many(items)
                 except KombuEventsError as exc:
                     raised.extend(batch)
                     errors.append(type(exc).__name__)

@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from kombu_events.cli.common import schema
 from kombu_events.console import AuthSettings, ConsoleSettings, create_app
 from kombu_events.console.audit import BY_HEADER, JOB_HEADER
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.archive_records import PURGED, REPLAYED, Settlement
 from kombu_events.ops.archive import ORIGINAL_ID
 

@@ -22,7 +22,7 @@ from kombu import Connection
 from starlette.testclient import TestClient
 
 from kombu_events.console import AuthSettings, ConsoleSettings, create_app
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 
 from .console_helpers import Seeded
 from .harness import unique, wait_for
@@ -51,7 +51,7 @@ def _rss_mib() -> float:
 
 def _seed(service: Seeded) -> list[str]:
     """10,000 archived events published straight into the archive, headers as a worker writes them
-    (:func:`kombu_events.core.headers.archive_headers`, an archive key each), no confirm each: the stream's
+    (:func:`kombu_events.core.wire.archive_headers`, an archive key each), no confirm each: the stream's
     count is waited for."""
     archive, queue, ids = service.events.topology().archive_exchange, service.queue("orders"), []
     conn = amqp.Connection(urlparse(service.broker_url).netloc.rsplit("@", 1)[1], userid="guest", password="guest")

@@ -247,7 +247,7 @@ def odd_ids_service(broker_url):
     """A service of its own whose archive holds one message for each of ODD_IDS."""
     from kombu import Connection
 
-    from kombu_events.core import headers as wire
+    from kombu_events.core import wire
 
     from .console_helpers import seeded
 

@@ -37,10 +37,10 @@ def image_env() -> dict[str, str]:
     return env
 
 
-def counted(text: str, queue: str, outcome: str) -> float:
+def counted(text: str, queue: str, action: str) -> float:
     for line in text.splitlines():
         if (line.startswith("kombu_events_messages_total{") and f'queue="{queue}"' in line
-                and f'outcome="{outcome}"' in line):
+                and f'action="{action}"' in line):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 

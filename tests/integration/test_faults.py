@@ -53,7 +53,7 @@ def publish(broker_url, exchange, kinds):
         items = [(exchange, f"fault.{i}", build_message({"id": i, "kind": kind}, message_id=f"id-{i}"))
                  for i, kind in enumerate(kinds)]
         for start in range(0, len(items), 500):
-            errors = publisher.publish_many(items[start:start + 500])
+            errors = publisher.send_many(items[start:start + 500])
             assert errors == [None] * len(errors)
     finally:
         publisher.close()

@@ -35,7 +35,7 @@ def publish(broker_url: str, exchange: str, sizes: list[int]) -> None:
     try:
         items = [(exchange, f"big.{i}", build_message({"id": i, "pad": "x" * (size - 40)}, message_id=f"id-{i}"))
                  for i, size in enumerate(sizes)]
-        assert publisher.publish_many(items) == [None] * len(items)
+        assert publisher.send_many(items) == [None] * len(items)
     finally:
         publisher.close()
 

@@ -136,7 +136,7 @@ shown("publish_many", lambda: events.publish_many([("ok.inproc", {{"n": 2}})]))
 shown("unroutable", lambda: events.publish("nobody.listens", {{"n": 3}}))
 missing = Events(Celery("missing", broker={good!r}, set_as_current=False), "{service}-missing",
                  exchange="{service}-no-such-exchange", publish_delay_levels=0)
-shown("missing exchange", lambda: missing.publishing.publisher.publish(
+shown("missing exchange", lambda: missing.publishing.publisher.send(
     "{service}-no-such-exchange", "k", b"{{}}", {{"content_type": "application/json"}}))
 wrong = Events(Celery("wrong", broker={wrong!r}, set_as_current=False), "{service}-wrong", exchange={exchange!r},
                publish_delay_unit_ms=100, publish_delay_levels=2)

@@ -11,14 +11,14 @@ import re
 
 import pytest
 
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 
 from .harness import get_messages, publish_amqp, wait_for
 
 pytestmark = pytest.mark.integration
 
 PROJECT = """
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.settlement import Republish
 
 VIA = os.environ.get("PARITY_VIA", "worker")

@@ -167,7 +167,7 @@ def test_a_tls_failure_is_one_clear_error_naming_the_broker_and_the_reason(tls_n
     app.conf.broker_use_ssl = options
     publisher = Publisher(url, app=app, connect_timeout=5)
     with pytest.raises(BrokerUnavailableError) as failure:
-        publisher.publish("amq.topic", "tls.nobody", build_message({}))
+        publisher.send("amq.topic", "tls.nobody", build_message({}))
     message = str(failure.value)
     assert f"guest:**@{url.split('@')[1]}" in message and "guest:guest" not in message
     assert expected in message, message

@@ -12,7 +12,7 @@ from amqp.serialization import dumps, loads
 from hypothesis import given, strategies as st
 
 from kombu_events.broker import stream_headers
-from kombu_events.core import archive_records as records, headers as wire
+from kombu_events.core import archive_records as records, wire
 from kombu_events.ops.archive import ArchivedMessage, parse_record as _parse
 
 

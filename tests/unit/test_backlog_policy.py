@@ -1,4 +1,5 @@
-"""publishing/backlog_policy.py: the Published result, publish-or-store, and what a flushed batch settled (pure)."""
+"""publishing/backlog_policy.py: publish-or-store and what a flushed batch settled (pure); publishing/published.py:
+the Published result."""
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ from kombu_events.errors import (
 from kombu_events.publishing.backlog_policy import (
     PUBLISH,
     STORE,
-    Published,
     publish_or_store,
     settle_batch,
     storable,
 )
+from kombu_events.publishing.published import Published
 
 
 def test_published_is_the_message_id_and_says_where_the_event_is():

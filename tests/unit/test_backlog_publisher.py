@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck as Hypothesis, event, given, settings, strategies as st
 
-from kombu_events.core.circuit import CircuitBreaker
+from kombu_events.core.breaker import CircuitBreaker
 from kombu_events.core.health import Healthy, Unhealthy
 from kombu_events.errors import BacklogError, BrokerUnavailableError, ConfirmTimeoutError, EncodeError, UnroutableError
 from kombu_events.publishing.backlog import Backlog
+from kombu_events.publishing.breakers import PublisherBreakers
 from kombu_events.publishing.buffered import STORED, BacklogPublisher
-from kombu_events.publishing.checks import BROKER, PublisherCheck
-from kombu_events.publishing.circuits import Guard
+from kombu_events.publishing.health import BROKER, PublisherCheck
 from kombu_events.publishing.publisher import build_message
 
 
@@ -31,7 +31,7 @@ class FakeBroker:
         self.unroutable: set[str] = set()
         self.failure: Exception = BrokerUnavailableError("connection refused")
 
-    def publish_many(self, items):
+    def send_many(self, items):
         self.calls += 1
         if not self.up:
             raise self.failure
@@ -65,8 +65,9 @@ QUICK = CircuitBreaker(max_failures=1, max_unhealthy=1, reset_s=0.5, max_reset_s
 
 
 def make_outbox(path: Path, broker: FakeBroker, clock=time.monotonic, flushed=None, batch_size=200) -> BacklogPublisher:
-    return BacklogPublisher(Backlog(path, batch_size=batch_size), lambda: broker, Guard([answers(broker)], QUICK),
-                  on_flushed=flushed, clock=clock, idle_poll_s=0.05)
+    return BacklogPublisher(Backlog(path, batch_size=batch_size), lambda: broker,
+                            PublisherBreakers([answers(broker)], QUICK), on_flushed=flushed, clock=clock,
+                            idle_poll_s=0.05)
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_while_the_broker_answers_events_are_published_and_confirmed(backlog_pub
 def test_an_unreachable_broker_stores_the_event_and_opens_the_circuit(backlog_publisher, broker, failure):
     broker.up, broker.failure = False, failure
     assert backlog_publisher.publish_or_store(items("1")) == [STORED]
-    assert not backlog_publisher.guard.closed()
+    assert not backlog_publisher.breakers.closed()
     calls = broker.calls
     assert backlog_publisher.publish_or_store(items("2", "3")) == [STORED, STORED]
     assert broker.calls == calls, "while the circuit is open, the broker is not even tried"
@@ -105,7 +106,7 @@ def test_an_unroutable_event_is_the_callers_error_never_stored(backlog_publisher
     broker.unroutable.add("nobody.listens")
     (result,) = backlog_publisher.publish_or_store(items("1", key="nobody.listens"))
     assert isinstance(result, UnroutableError)
-    assert not backlog_publisher.backlog.pending() and backlog_publisher.guard.closed()
+    assert not backlog_publisher.backlog.pending() and backlog_publisher.breakers.closed()
 
 
 def test_headers_that_cannot_be_stored_fail_even_while_the_broker_is_up(backlog_publisher, broker):
@@ -159,11 +160,11 @@ def test_the_daemon_thread_drains_once_the_broker_answers_then_ends(tmp_path, br
     thread = box._thread
     assert thread is not None and thread.is_alive()
     time.sleep(0.2)
-    assert broker.delivered == [] and not box.guard.closed()
+    assert broker.delivered == [] and not box.breakers.closed()
     broker.up = True
     thread.join(10)
     assert not thread.is_alive(), "nothing left to do: the thread ends"
-    assert broker.delivered == ["1", "2", "3"] and box.guard.closed() and not box.backlog.pending()
+    assert broker.delivered == ["1", "2", "3"] and box.breakers.closed() and not box.backlog.pending()
     assert box.publish_or_store(items("4")) == [None]
     box.stop()
 
@@ -218,15 +219,15 @@ def test_every_event_arrives_in_publish_order_duplicated_only_by_a_crashed_flush
                 broker.up = op[0] == "up"
             elif op[0] == "step":
                 box._step()
-            elif broker.up and box.guard.closed():  # crash: published and confirmed, never deleted
-                crashed += len(broker.publish_many([(r.exchange, r.routing_key, r.message())
+            elif broker.up and box.breakers.closed():  # crash: published and confirmed, never deleted
+                crashed += len(broker.send_many([(r.exchange, r.routing_key, r.message())
                                                     for r in box.backlog.head()]))
         event(f"crashed flushes published {'some' if crashed else 'no'} rows")
         broker.up = True
         for _ in range(len(published) + 10):
             clock.now += 1.0
             box._step()
-        assert not box.backlog.pending() and box.guard.closed()
+        assert not box.backlog.pending() and box.breakers.closed()
         box.backlog.close()
     first = list(dict.fromkeys(broker.delivered))
     assert first == published, "each event at least once, in publish order"

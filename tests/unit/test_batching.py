@@ -129,39 +129,39 @@ def consumer(monkeypatch):
 
     registry.resolve(app)
     consumer = ServiceConsumer(events)
-    consumer._pool = Pool()
+    consumer.handoff.pool = Pool()
     consumer.settled = []
-    monkeypatch.setattr(consumer, "_settle", lambda route, delivery, message, result:
+    monkeypatch.setattr(consumer.settler, "settle", lambda route, delivery, message, result:
                         consumer.settled.append((delivery.message_id, result)))
     yield consumer
     registry.reset()
 
 
 def receive(consumer, ids, more=True):
-    consumer._more_to_read = lambda: more
+    consumer.handoff.more_to_read = lambda: more
     route = consumer.routes[0]
     for i in ids:
         consumer._receive(route, Message(i))
 
 
 def test_without_more_to_read_a_lone_message_goes_at_once_as_before(consumer):
-    consumer._batch.max_messages = 50
-    consumer._batch.observe("batch.handle", 0.01)  # fast: only the read's end makes it go
+    consumer.handoff.batch.max_messages = 50
+    consumer.handoff.batch.observe("batch.handle", 0.01)  # fast: only the read's end makes it go
     receive(consumer, [1], more=False)
-    ((fn, args, callback, _),) = consumer._pool.jobs
+    ((fn, args, callback, _),) = consumer.handoff.pool.jobs
     assert fn is runner.run and args[0] == "batch.handle"
     callback(decision.Outcome(decision.OK, duration_ms=0.01))
     assert consumer.settled == [("m1", decision.Outcome(decision.OK, duration_ms=0.01))]
 
 
 def test_what_one_read_brings_goes_as_one_job_and_each_message_settles_on_its_own(consumer):
-    consumer._batch.max_messages = 50
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.batch.max_messages = 50
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, range(5), more=True)
-    assert consumer._pool.jobs == [], "the connection has more: the batch waits"
-    consumer._more_to_read = lambda: False
-    consumer._tick()
-    ((fn, (items, limit), callback, _),) = consumer._pool.jobs
+    assert consumer.handoff.pool.jobs == [], "the connection has more: the batch waits"
+    consumer.handoff.more_to_read = lambda: False
+    consumer.handoff.tick()
+    ((fn, (items, limit), callback, _),) = consumer.handoff.pool.jobs
     assert fn is runner.run_batch and limit == consumer.settings.async_concurrency == 100
     assert [json.loads(item[1])["i"] for item in items] == list(range(5))
     outcomes = runner.Outcomes(decision.Outcome(decision.OK if i % 2 else decision.FAILED, duration_ms=0.02)
@@ -169,29 +169,30 @@ def test_what_one_read_brings_goes_as_one_job_and_each_message_settles_on_its_ow
     outcomes.elapsed_ms = 5.1
     callback(pickle.loads(pickle.dumps(outcomes)))  # as from a prefork child
     assert consumer.settled == [(f"m{i}", outcomes[i]) for i in range(5)]
-    assert consumer._batch.overhead_ms == pytest.approx(1.0), "(5.1 - 5 x 0.02) / 5 = 1.0 ms besides the handler"
+    assert consumer.handoff.batch.overhead_ms == pytest.approx(1.0), "(5.1 - 5 x 0.02) / 5 = 1.0 ms besides the handler"
 
 
 def test_a_full_batch_goes_without_waiting_for_the_read_to_end(consumer):
-    consumer._batch.max_messages = 3
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.batch.max_messages = 3
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, range(7), more=True)
-    assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [3, 3]
+    assert [len(args[0]) for _, args, _, _ in consumer.handoff.pool.jobs] == [3, 3]
     consumer.stop()  # what is left goes to the pool: nothing received is kept back
-    assert [len(args) if fn is runner.run else len(args[0]) for fn, args, _, _ in consumer._pool.jobs] == [3, 3, 6]
+    jobs = consumer.handoff.pool.jobs
+    assert [len(args) if fn is runner.run else len(args[0]) for fn, args, _, _ in jobs] == [3, 3, 6]
 
 
 def test_a_lost_batch_goes_back_to_the_pool_one_message_at_a_time_no_attempt_spent(consumer, caplog):
-    consumer._batch.max_messages = 4
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.batch.max_messages = 4
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, range(4))
-    ((_, _, _, error_callback),) = consumer._pool.jobs
+    ((_, _, _, error_callback),) = consumer.handoff.pool.jobs
     lost = SimpleNamespace(exception=RuntimeError("Worker exited prematurely: signal 9 (SIGKILL)"), traceback="")
     error_callback(lost)
     assert consumer.settled == [], "nothing settled: no attempt spent"
-    again = consumer._pool.jobs[1:]
+    again = consumer.handoff.pool.jobs[1:]
     assert [(fn, json.loads(args[1])["i"]) for fn, args, _, _ in again] == [(runner.run, i) for i in range(4)]
-    assert consumer._jobs == 4, "the batch's job returned, four single ones out"
+    assert consumer.handoff.jobs == 4, "the batch's job returned, four single ones out"
     assert "died holding a batch of 4 messages" in caplog.text and "SIGKILL" in caplog.text
     (_, _, _, single_lost) = again[2]
     single_lost(lost)  # the one that kills its process again: lost alone, an attempt spent (decision.lost)
@@ -199,18 +200,18 @@ def test_a_lost_batch_goes_back_to_the_pool_one_message_at_a_time_no_attempt_spe
 
 
 def test_a_lost_batch_refused_by_a_pool_shutting_down_is_left_unacked_not_archived(consumer, monkeypatch):
-    consumer._batch.max_messages = 3
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.batch.max_messages = 3
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, range(3))
-    ((_, _, _, error_callback),) = consumer._pool.jobs
+    ((_, _, _, error_callback),) = consumer.handoff.pool.jobs
     held = []
-    monkeypatch.setattr(consumer, "_settled", lambda route, delivery, outcome, step:
+    monkeypatch.setattr(consumer.settler, "announce", lambda route, delivery, outcome, step:
                         held.append((delivery.message_id, step)))
 
     def closed(fn, args, callback, error_callback):
         raise ValueError("Pool not running")
 
-    consumer._pool.apply_async = closed
+    consumer.handoff.pool.apply_async = closed
     error_callback(SimpleNamespace(exception=RuntimeError("Worker exited prematurely"), traceback=""))
     assert consumer.settled == [], "not archived"
     assert [(m, step.action) for m, step in held] == [("m0", "held"), ("m1", "held"), ("m2", "held")]
@@ -224,11 +225,11 @@ def test_a_batch_that_cannot_be_handed_over_goes_one_by_one(consumer):
                 raise RecursionError("too deep to pickle")
             super().apply_async(fn, args, callback, error_callback)
 
-    consumer._pool = Refusing()
-    consumer._batch.max_messages = 4
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.pool = Refusing()
+    consumer.handoff.batch.max_messages = 4
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, range(4))
-    assert [json.loads(args[1])["i"] for _, args, _, _ in consumer._pool.jobs] == [0, 1, 3]
+    assert [json.loads(args[1])["i"] for _, args, _, _ in consumer.handoff.pool.jobs] == [0, 1, 3]
     ((message_id, outcome),) = consumer.settled
     assert message_id == "m2" and outcome.kind == decision.UNDECODABLE
     assert "cannot be handed to the pool" in outcome.reason
@@ -252,27 +253,28 @@ def test_under_a_green_pool_an_async_handler_stops_the_worker_at_start(consumer,
 
 
 def test_while_every_process_is_busy_messages_wait_and_go_together_when_one_is_free(consumer):
-    consumer._batch.max_messages, consumer._processes = 50, 1
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.batch.max_messages, consumer.handoff.processes = 50, 1
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, [0], more=False)
-    ((_, _, first_done, _),) = consumer._pool.jobs  # the only process is busy with it
+    ((_, _, first_done, _),) = consumer.handoff.pool.jobs  # the only process is busy with it
     receive(consumer, [1, 2, 3], more=False)  # one by one, each read ends: they wait all the same
-    consumer._tick()
-    assert len(consumer._pool.jobs) == 1
+    consumer.handoff.tick()
+    assert len(consumer.handoff.pool.jobs) == 1
     first_done(decision.Outcome(decision.OK, duration_ms=0.01))
-    (_, (fn, (items, _), _, _)) = consumer._pool.jobs
+    (_, (fn, (items, _), _, _)) = consumer.handoff.pool.jobs
     assert fn is runner.run_batch and [json.loads(item[1])["i"] for item in items] == [1, 2, 3]
 
 
 def test_a_batch_that_waited_too_long_for_a_free_process_goes_anyway(consumer, monkeypatch):
-    consumer._batch.max_messages, consumer._processes, consumer._jobs = 50, 1, 1  # a job that never came back
-    consumer._batch.observe("batch.handle", 0.01)
+    handoff = consumer.handoff
+    handoff.batch.max_messages, handoff.processes, handoff.jobs = 50, 1, 1  # a job that never came back
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, [1, 2], more=False)
-    consumer._tick()
-    assert consumer._pool.jobs == []
-    monkeypatch.setattr(consumer, "_since", consumer._since - 2.0)
-    consumer._tick()
-    assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [2]
+    consumer.handoff.tick()
+    assert consumer.handoff.pool.jobs == []
+    monkeypatch.setattr(consumer.handoff, "since", consumer.handoff.since - 2.0)
+    consumer.handoff.tick()
+    assert [len(args[0]) for _, args, _, _ in consumer.handoff.pool.jobs] == [2]
 
 
 def test_jobs_the_pool_dropped_at_a_reconnect_hold_back_no_batch_after_it(consumer, monkeypatch):
@@ -281,32 +283,34 @@ def test_jobs_the_pool_dropped_at_a_reconnect_hold_back_no_batch_after_it(consum
     free process that the count never showed; at a queue's end, for as long as the event loop slept."""
     monkeypatch.setattr("kombu_events.worker.consumer.declare", lambda topology, connection: None)
     monkeypatch.setattr(consumer, "_open_publisher", MagicMock)
-    consumer._pool.limit = 2
-    consumer.start(MagicMock(), consumer._pool, MagicMock(on_tick=set()))
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.pool.limit = 2
+    consumer.start(MagicMock(), consumer.handoff.pool, MagicMock(on_tick=set()))
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, [1], more=False)
     receive(consumer, [2], more=False)
-    (_, _, running, _), _dropped = consumer._pool.jobs  # both processes busy; the second job will never return
-    consumer.start(MagicMock(), consumer._pool, MagicMock(on_tick=set()))  # Celery's reconnect
+    (_, _, running, _), _dropped = consumer.handoff.pool.jobs  # both processes busy; the second job will never return
+    consumer.start(MagicMock(), consumer.handoff.pool, MagicMock(on_tick=set()))  # Celery's reconnect
     receive(consumer, [3], more=False)
-    assert [len(consumer._pool.jobs), consumer._jobs] == [3, 1], "handed over at once: no process is counted busy"
+    assert [len(consumer.handoff.pool.jobs), consumer.handoff.jobs] == [3, 1], \
+        "handed over at once: no process is counted busy"
     running(decision.Outcome(decision.OK, duration_ms=0.01))  # a job of the old connection, back late
-    assert consumer._jobs == 1, "it frees no process counted on this connection"
+    assert consumer.handoff.jobs == 1, "it frees no process counted on this connection"
     receive(consumer, [4, 5], more=True)
     receive(consumer, [6], more=False)
-    assert [json.loads(item[1])["i"] for item in consumer._pool.jobs[-1][1][0]] == [4, 5, 6]
+    assert [json.loads(item[1])["i"] for item in consumer.handoff.pool.jobs[-1][1][0]] == [4, 5, 6]
 
 
 def test_a_waiting_batch_sets_a_timer_so_an_idle_event_loop_still_hands_it_over_after_a_second(consumer,
                                                                                                 monkeypatch):
     """The event loop ticks before each poll, and with nothing to do it polls for up to 10 s."""
     timers = []
-    consumer._hub = SimpleNamespace(call_later=lambda delay, fn: timers.append((delay, fn)))
-    consumer._batch.max_messages, consumer._processes, consumer._jobs = 50, 1, 1  # its process busy
-    consumer._batch.observe("batch.handle", 0.01)
+    consumer.handoff.hub = SimpleNamespace(call_later=lambda delay, fn: timers.append((delay, fn)))
+    handoff = consumer.handoff
+    handoff.batch.max_messages, handoff.processes, handoff.jobs = 50, 1, 1  # its process busy
+    consumer.handoff.batch.observe("batch.handle", 0.01)
     receive(consumer, [1, 2], more=False)
     assert [delay for delay, _ in timers] == [1.0], "one timer, when the batch began to wait"
     (_, fire), = timers
-    monkeypatch.setattr(consumer, "_since", consumer._since - 1.0)
+    monkeypatch.setattr(consumer.handoff, "since", consumer.handoff.since - 1.0)
     fire()
-    assert [len(args[0]) for _, args, _, _ in consumer._pool.jobs] == [2]
+    assert [len(args[0]) for _, args, _, _ in consumer.handoff.pool.jobs] == [2]

@@ -16,7 +16,7 @@ from kombu_events import (
     Unhealthy,
     signals,
 )
-from kombu_events.core.circuit import CLOSED, HALF_OPEN, OPEN
+from kombu_events.core.breaker import CLOSED, HALF_OPEN, OPEN
 from kombu_events.core.config import Settings
 from kombu_events.core.decision import (
     ARCHIVE,
@@ -309,7 +309,7 @@ def test_a_probe_that_says_nothing_about_the_dependency_lets_the_next_message_pr
     assert world.deliver()[1].kind == DEFERRED
 
 
-def test_in_half_open_only_the_probes_verdict_counts(world):
+def test_in_half_open_only_the_probes_result_counts(world):
     late = world.deliver()[0]
     world.trip()
     world.fire()
@@ -468,7 +468,7 @@ def test_unhealthy_aborts_a_half_open_probe():
     world.hub.live(repeat=True)[0].fn()
     world.finish_threads()
     assert world.circuit().breaker.state == OPEN
-    world.settle(probe, OK)  # the aborted probe's late verdict
+    world.settle(probe, OK)  # the aborted probe's late result
     assert world.circuit().breaker.state == OPEN
 
 
@@ -639,7 +639,7 @@ def test_a_health_check_thread_that_cannot_start_is_logged_and_the_next_request_
         world.threads.append((body, name))
 
     run._spawn = spawn
-    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health_checks"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health"):
         run.request()
     assert not run.running and world.threads == []
     assert "health check checked_world.<locals>.db could not be started" in caplog.text
@@ -656,7 +656,7 @@ def test_a_result_that_cannot_reach_the_event_loop_is_logged_and_the_next_run_ma
 
     world.consuming.call_soon_threadsafe = closed  # type: ignore[method-assign]
     run.request()
-    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health_checks"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health"):
         world.finish_threads()  # the thread's body: must not raise
     assert not run.running and run.last is None
     assert "its result Healthy() could not be posted to the event loop" in caplog.text
@@ -667,7 +667,7 @@ def test_a_result_the_breakers_fail_to_act_on_is_logged_with_its_check(caplog):
     [run] = world.breakers.runs
     run.report = lambda run, health: 1 / 0
     run.request()
-    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health_checks"):
+    with caplog.at_level(logging.ERROR, logger="kombu_events.middleware.health"):
         world.finish_threads()
     assert run.last == Unhealthy("refused") and not run.running
     assert "health check checked_world.<locals>.db: acting on its result Unhealthy('refused') failed" in caplog.text

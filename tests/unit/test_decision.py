@@ -17,6 +17,7 @@ from kombu_events.core.decision import (
     Outcome,
     decide,
     likely_action,
+    retry_delay_ms,
 )
 
 BACKOFF = Exponential(base_ms=1000, factor=2, max_delay_ms=60_000)
@@ -51,28 +52,28 @@ def test_archive_and_undecodable_archive_at_once(outcome, reason, attempt):
 
 @pytest.mark.parametrize("attempt, delay", [(1, 1000), (2, 2000), (3, 4000), (5, 16_000)])
 def test_failure_with_attempts_left_retries_after_the_backoff(attempt, delay):
-    verdict = _decide(Outcome(FAILED, "builtins.ValueError: boom"), attempt=attempt)
-    assert verdict == Decision("retry", delay_ms=delay, reason="builtins.ValueError: boom")
+    decided = _decide(Outcome(FAILED, "builtins.ValueError: boom"), attempt=attempt)
+    assert decided == Decision("retry", delay_ms=delay, reason="builtins.ValueError: boom")
 
 
 def test_backoff_gets_the_attempt_and_the_random_source(mocker):
     backoff = mocker.Mock(max_delay_ms=5000)
     backoff.delay_ms.return_value = 1234
     rand = lambda: 0.5  # noqa: E731
-    verdict = _decide(Outcome(FAILED), attempt=3, backoff=backoff, rand=rand)
+    decided = _decide(Outcome(FAILED), attempt=3, backoff=backoff, rand=rand)
     backoff.delay_ms.assert_called_once_with(retry=3, rand=rand)
-    assert verdict == Decision("retry", delay_ms=1234, reason=FAILED)
+    assert decided == Decision("retry", delay_ms=1234, reason=FAILED)
 
 
 @pytest.mark.parametrize("kind", [FAILED, RETRY, LOST])
 @pytest.mark.parametrize("max_retries, attempt", [(5, 6), (5, 60), (0, 1), (1, 2)])
 def test_exhausted_attempts_archive_with_max_retries_in_the_reason(kind, max_retries, attempt):
-    verdict = _decide(Outcome(kind, "builtins.ValueError: boom", delay_ms=10), attempt=attempt,
+    decided = _decide(Outcome(kind, "builtins.ValueError: boom", delay_ms=10), attempt=attempt,
                       max_retries=max_retries)
-    assert verdict.action == "archive"
-    assert f"max_retries={max_retries}" in verdict.reason
-    assert f"after {attempt} attempts" in verdict.reason
-    assert "builtins.ValueError: boom" in verdict.reason
+    assert decided.action == "archive"
+    assert f"max_retries={max_retries}" in decided.reason
+    assert f"after {attempt} attempts" in decided.reason
+    assert "builtins.ValueError: boom" in decided.reason
 
 
 def test_last_allowed_retry_still_retries():
@@ -82,8 +83,8 @@ def test_last_allowed_retry_still_retries():
 
 @pytest.mark.parametrize("delay_ms", [0, 1, 2500, 3_600_000])
 def test_retry_with_an_explicit_delay_ignores_the_backoff(delay_ms):
-    verdict = _decide(Outcome(RETRY, "retry in 2.5 s", delay_ms=delay_ms), attempt=2)
-    assert verdict == Decision("retry", delay_ms=delay_ms, reason="retry in 2.5 s")
+    decided = _decide(Outcome(RETRY, "retry in 2.5 s", delay_ms=delay_ms), attempt=2)
+    assert decided == Decision("retry", delay_ms=delay_ms, reason="retry in 2.5 s")
 
 
 def test_retry_without_a_delay_uses_the_backoff():
@@ -91,8 +92,19 @@ def test_retry_without_a_delay_uses_the_backoff():
 
 
 def test_lost_retries_after_the_lost_delay():
-    verdict = _decide(Outcome(LOST, "pool process lost"), attempt=2, backoff=Constant(every_ms=99_999))
-    assert verdict == Decision("retry", delay_ms=LOST_DELAY_MS, reason="pool process lost")
+    decided = _decide(Outcome(LOST, "pool process lost"), attempt=2, backoff=Constant(every_ms=99_999))
+    assert decided == Decision("retry", delay_ms=LOST_DELAY_MS, reason="pool process lost")
+
+
+@pytest.mark.parametrize(("outcome", "expected_ms"), [
+    (Outcome(RETRY, delay_ms=2500), 2500),  # Retry(delay=...) wins over the backoff
+    (Outcome(LOST), 1000),  # a lost pool process: the lost delay, not the backoff
+    (Outcome(FAILED), 4000),  # any other failure: the backoff for this attempt
+    (Outcome(RETRY), 4000),  # Retry() without a delay: the backoff too
+])
+def test_retry_delay_ms_is_the_one_place_a_retrys_delay_is_chosen(outcome, expected_ms):
+    assert retry_delay_ms(outcome, attempt=3, backoff=BACKOFF, lost_delay_ms=LOST_DELAY_MS) == expected_ms
+    assert _decide(outcome, attempt=3).delay_ms == expected_ms, "decide() retries after exactly that delay"
 
 
 @pytest.mark.parametrize(
@@ -105,16 +117,16 @@ def test_lost_retries_after_the_lost_delay():
     ],
 )
 def test_delay_beyond_the_ladder_archives(outcome, kwargs):
-    verdict = _decide(outcome, max_delay_ms=15_000, **kwargs)
-    assert verdict.action == "archive"
-    assert "exceeds the ladder's 15000 ms" in verdict.reason
+    decided = _decide(outcome, max_delay_ms=15_000, **kwargs)
+    assert decided.action == "archive"
+    assert "exceeds the ladder's 15000 ms" in decided.reason
 
 
 @pytest.mark.parametrize("delay_ms", [float("nan"), -1])
 def test_a_delay_the_ladder_cannot_express_archives(delay_ms):
-    verdict = _decide(Outcome(RETRY, delay_ms=delay_ms), max_delay_ms=15_000)
-    assert verdict.action == "archive"
-    assert "15000 ms" in verdict.reason
+    decided = _decide(Outcome(RETRY, delay_ms=delay_ms), max_delay_ms=15_000)
+    assert decided.action == "archive"
+    assert "15000 ms" in decided.reason
 
 
 outcomes = st.builds(
@@ -129,18 +141,18 @@ outcomes = st.builds(
 @given(outcomes, st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=10**6),
        st.floats(min_value=0, max_value=1, exclude_max=True))
 def test_never_retries_past_max_retries(outcome, max_retries, attempt, r):
-    verdict = _decide(outcome, attempt=attempt, max_retries=max_retries, rand=lambda: r,
+    decided = _decide(outcome, attempt=attempt, max_retries=max_retries, rand=lambda: r,
                       backoff=Exponential(jitter=0.5, max_delay_ms=60_000))
-    assert verdict.action in ("ack", "retry", "archive")
+    assert decided.action in ("ack", "retry", "archive")
     if attempt > max_retries:
-        assert verdict.action != "retry"
-    if verdict.action == "retry":
-        assert 0 <= verdict.delay_ms <= MAX_DELAY_MS
+        assert decided.action != "retry"
+    if decided.action == "retry":
+        assert 0 <= decided.delay_ms <= MAX_DELAY_MS
         assert outcome.kind in (FAILED, RETRY, LOST)
     if outcome.kind == OK:
-        assert verdict.action == "ack"
+        assert decided.action == "ack"
     if outcome.kind in (ARCHIVE, UNDECODABLE):
-        assert verdict.action == "archive"
+        assert decided.action == "archive"
 
 
 def _decide_redelivered(*, redeliveries, max_retries=2, attempt=1):
@@ -151,17 +163,17 @@ def _decide_redelivered(*, redeliveries, max_retries=2, attempt=1):
 
 @pytest.mark.parametrize("redeliveries", [1, 2, 3])
 def test_a_redelivered_message_is_requeued_without_spending_an_attempt(redeliveries):
-    verdict = _decide_redelivered(redeliveries=redeliveries, max_retries=2, attempt=3)
-    assert verdict.action == "requeue"
-    assert verdict.delay_ms == 0
+    decided = _decide_redelivered(redeliveries=redeliveries, max_retries=2, attempt=3)
+    assert decided.action == "requeue"
+    assert decided.delay_ms == 0
 
 
 @pytest.mark.parametrize("max_retries", [0, 1, 5])
 def test_a_message_redelivered_too_often_is_archived_as_a_worker_killer(max_retries):
     assert _decide_redelivered(redeliveries=max_retries + 1, max_retries=max_retries).action == "requeue"
-    verdict = _decide_redelivered(redeliveries=max_retries + 2, max_retries=max_retries)
-    assert verdict.action == "archive"
-    assert "kill its worker" in verdict.reason and f"max_retries={max_retries}" in verdict.reason
+    decided = _decide_redelivered(redeliveries=max_retries + 2, max_retries=max_retries)
+    assert decided.action == "archive"
+    assert "kill its worker" in decided.reason and f"max_retries={max_retries}" in decided.reason
 
 
 @pytest.mark.parametrize("kind, final, action", [

@@ -5,7 +5,7 @@ import celery
 import pytest
 
 from kombu_events import ConfigurationError, DelayTooLongError, Events
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.topology import build_topology
 from kombu_events.publishing.publisher import addressed, build_message
 from kombu_events.testing import StubEvents

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.codec import JSON
 from kombu_events.core.delivery import UNREADABLE, Delivery, read_delivery
 

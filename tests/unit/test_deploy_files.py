@@ -194,7 +194,7 @@ def test_the_dashboard_has_its_panels_and_reads_its_datasource_from_a_variable()
     ids = [p["id"] for p in panels]
     assert len(set(ids)) == len(ids)
     titles = " | ".join(p["title"].lower() for p in panels)
-    for topic in ("outcomes", "latency", "queue depths", "archive", "circuits", "backlog"):
+    for topic in ("by action", "latency", "queue depths", "archive", "circuits", "backlog"):
         assert topic in titles, topic
     variables = {v["name"]: v for v in dash["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from kombu_events import Event, registry, signals
-from kombu_events.periodic.runner import ScheduleRunner
+from kombu_events.periodic.tokens import TokenHandler
 from kombu_events.publishing.service import ServicePublisher
 from kombu_events.testing import StubEvents
 from tests.doc_examples import (
@@ -107,7 +107,7 @@ def test_every_complete_example_runs_against_the_stub(page: Path, tmp_path: Path
                 _send_what_the_page_does_not(events, ran, troubles)
         assert not troubles, "\n".join(troubles)
         missing = [f"{h.fn.__module__}.{h.fn.__name__} ({h.queue})" for events in services for h in events.handlers
-                   if not isinstance(h.fn, ScheduleRunner) and h.fn not in ran]
+                   if not isinstance(h.fn, TokenHandler) and h.fn not in ran]
         assert not missing, f"{rel(page)}: handlers that never ran, even for an event of their binding key: {missing}"
 
 
@@ -324,7 +324,7 @@ def _send_what_the_page_does_not(events: Any, ran: set[Any], troubles: list[str]
     """A handler that nothing on its page sends an event gets one: its first binding key (``*`` and ``#`` one
     word), payload ``{}``. It must run; it may fail for want of a field, not for a name the example lacks."""
     for handler in events.handlers:
-        if isinstance(handler.fn, ScheduleRunner) or handler.fn in ran or not handler.binding_keys:
+        if isinstance(handler.fn, TokenHandler) or handler.fn in ran or not handler.binding_keys:
             continue
         key = ".".join("x" if word in ("*", "#") else word for word in handler.binding_keys[0].split("."))
         with StubEvents(events) as stub:
@@ -339,7 +339,7 @@ def _send_what_the_page_does_not(events: Any, ran: set[Any], troubles: list[str]
 def _call_periodic_functions(events: Any, ran: set[Any]) -> None:
     """Each periodic function, with the payload of a period (the stub does not run schedules)."""
     for handler in events.handlers:
-        if isinstance(handler.fn, ScheduleRunner):
+        if isinstance(handler.fn, TokenHandler):
             schedule = handler.fn.schedule
             due = datetime.fromtimestamp(schedule.due_ms(1) / 1000, tz=timezone.utc)
             payload = {"schedule": schedule.name, "period": 1, "due": due.isoformat(timespec="milliseconds"),

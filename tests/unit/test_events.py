@@ -186,7 +186,7 @@ def test_publish_builds_and_sends_a_confirmed_message(events, mocker):
     message_id = events.publish("billing.invoice.paid", {"id": 7}, headers={"x-request-id": "r"},
                                 message_id="m-7", correlation_id="c-7")
     assert message_id == "m-7"
-    ((exchange, routing_key, message), _kwargs) = publisher.publish.call_args
+    ((exchange, routing_key, message), _kwargs) = publisher.send.call_args
     assert (exchange, routing_key) == ("events", "billing.invoice.paid")
     assert message.body == b'{"id":7}'
     assert message.properties["application_headers"] == {"x-request-id": "r"}
@@ -199,7 +199,7 @@ def test_publish_rejects_bad_routing_keys_before_publishing(events, mocker, rout
     events.publishing.publisher = publisher
     with pytest.raises(ConfigurationError, match="routing_key"):
         events.publish(routing_key, {})
-    publisher.publish.assert_not_called()
+    publisher.send.assert_not_called()
 
 
 @pytest.fixture
@@ -256,7 +256,7 @@ def test_the_publisher_can_be_replaced_and_reset(events):
     published = []
 
     class Recorder(Publisher):
-        def publish_many(self, items):
+        def send_many(self, items):
             items = list(items)
             published.extend((exchange, key, message.body) for exchange, key, message in items)
             return [None] * len(items)

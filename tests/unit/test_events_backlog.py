@@ -18,7 +18,7 @@ from kombu_events import (
     signals,
 )
 from kombu_events.cli import cli
-from kombu_events.core.circuit import CircuitBreaker
+from kombu_events.core.breaker import CircuitBreaker
 from kombu_events.errors import ConfigurationError
 from kombu_events.publishing.backlog import Backlog
 from kombu_events.publishing.publisher import Publisher, build_message
@@ -31,7 +31,7 @@ class Broker(Publisher):
         super().__init__("memory://")
         self.up, self.delivered = True, []
 
-    def publish_many(self, items):
+    def send_many(self, items):
         items = list(items)
         if not self.up:
             raise BrokerUnavailableError("cannot reach the broker: connection refused")
@@ -151,7 +151,7 @@ def test_health_checks_need_a_backlog(tmp_path):
     with pytest.raises(ConfigurationError, match="need a backlog"):
         Events(app, "billing", health_checks=[ledger_up])
     events = Events(app, "shipping", backlog=tmp_path / "b.sqlite3", health_checks=[ledger_up])
-    assert [c.name for c in events.publishing.backlog_publisher.guard.checks.values()] == [
+    assert [c.name for c in events.publishing.backlog_publisher.breakers.checks.values()] == [
         "broker", "test_health_checks_need_a_backlog.<locals>.ledger_up"]
 
 

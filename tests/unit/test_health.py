@@ -6,7 +6,7 @@ from celery import Celery
 
 from kombu_events import CircuitBreaker, ConfigurationError, Degraded, Events, Healthy, Unhealthy
 from kombu_events.core.config import resolve_settings
-from kombu_events.core.health import Health, HealthCheck, check
+from kombu_events.core.health import Health, HealthCheck, run_check
 from kombu_events.middleware.breakers import Breakers
 
 
@@ -48,7 +48,7 @@ def meh_class():
     (meh_class, Unhealthy(f"health check meh_class returned {Meh!r}, not Healthy, Degraded or Unhealthy")),
 ])
 def test_a_check_always_gives_a_health_whatever_it_does(fn, expected):
-    assert check(fn) == expected
+    assert run_check(fn) == expected
 
 
 def test_health_values_show_their_status_and_reason():

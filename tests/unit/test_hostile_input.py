@@ -161,9 +161,9 @@ def test_publishers_refuses_other_users_at_screening(properties, userid, reason)
 
 
 def test_a_refused_publisher_is_archived_at_once():
-    verdict = decision.decide(decision.Outcome(decision.REFUSED, "published by ..."), attempt=1, max_retries=5,
+    decided = decision.decide(decision.Outcome(decision.REFUSED, "published by ..."), attempt=1, max_retries=5,
                               backoff=Exponential(), max_delay_ms=10_000, lost_delay_ms=1000)
-    assert verdict == decision.Decision("archive", reason="published by ...")
+    assert decided == decision.Decision("archive", reason="published by ...")
 
 
 @pytest.mark.parametrize("value", ["orders", b"orders", set(), [""], [1], 42])

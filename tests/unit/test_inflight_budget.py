@@ -419,14 +419,14 @@ def test_a_queue_paused_by_middleware_while_the_budget_is_spent_stays_paused_and
     loop, connection = started(consumer, broker, pool)
     while broker.read_one() or loop.turn():
         pass
-    assert consumer._throttled and not broker.consumers
+    assert consumer.throttle.throttled and not broker.consumers
     consumer.control.pause("budget.two", "breaker open")
     consumer.control.resume("budget.two", prefetch=1)  # e.g. a breaker's probe: waits for the budget
     consumer.control.pause("budget.one", "breaker open")
     loop.turn()
     assert not broker.consumers
     run(consumer, broker, pool, loop, connection)
-    assert not consumer._throttled
+    assert not consumer.throttle.throttled
     assert [sub["queue"] for sub in broker.consumers.values()] == ["budget.two"]
     assert [sub["prefetch"] for sub in broker.consumers.values()] == [1], "the probe's prefetch, kept"
 
@@ -440,11 +440,11 @@ def test_a_restart_while_the_budget_is_spent_consumes_again_on_the_new_connectio
     loop, connection = started(consumer, broker, pool)
     while broker.read_one() or loop.turn():
         pass
-    assert consumer._throttled and consumer.budget.in_flight == 1
+    assert consumer.throttle.throttled and consumer.budget.in_flight == 1
     consumer.stop()
     pool.waiting.clear()  # the old connection's job is lost with it (prefork drops unwritten jobs)
     loop, connection = started(consumer, broker, pool)  # closes the old channels: "big" goes back, redelivered
-    assert not consumer._throttled and len(broker.consumers) == 1
+    assert not consumer.throttle.throttled and len(broker.consumers) == 1
     run(consumer, broker, pool, loop, connection)
     assert pool.handled == [("budget.one", "small")]
     assert [p[2] for p in consumer._channels[1].published] == ["big"], "redelivered: to the ladder, then acked"

@@ -188,7 +188,7 @@ def test_the_broker_model_routes_the_ladder_as_the_fake_broker_does(levels_delay
     key = ladder.routing_key(delay_units=delay, levels=levels, queue=queue)
     entry = topology_of(levels).entry_exchange(delay)
     waited_in, waited_ms, final = broker(levels).travel(entry, key)
-    routed = model(levels).publish(entry, key)
+    routed = model(levels).follow(entry, key)
     assert routed.lost == ()
     assert routed.landings == (Landing(final, key, waited_ms, tuple(waited_in)),)
     assert routed.entered == ((waited_in or [final])[0],)
@@ -198,21 +198,21 @@ def test_the_broker_model_routes_the_ladder_as_the_fake_broker_does(levels_delay
 @pytest.mark.parametrize("queue", QUEUES)
 def test_the_broker_model_follows_a_queues_dead_letter_routing_key(levels, queue):
     args = broker(levels).args[queue]
-    routed = model(levels).publish(args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"])
+    routed = model(levels).follow(args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"])
     assert routed.landings == (Landing(queue, args["x-dead-letter-routing-key"], UNIT_MS,
                                        (names.delay_name(SERVICE, 0),)),)
 
 
 def test_a_copy_for_a_queue_the_service_does_not_have_is_lost_after_its_wait():
     key = ladder.routing_key(delay_units=5, levels=3, queue="svc.zzz")
-    routed = model(3).publish(names.delay_name(SERVICE, 2), key)
+    routed = model(3).follow(names.delay_name(SERVICE, 2), key)
     assert routed.entered == ("svc.delay.2",) and routed.landings == ()
     assert routed.lost == (Lost("svc.delay.0", "svc.delivery", key, 5 * UNIT_MS, "no queue is bound for it"),)
 
 
 def test_a_publish_no_binding_takes_enters_no_queue():
-    assert model(3).publish(names.delivery_exchange(SERVICE), "0.0.0.svc.zzz") == ((), (), ())
-    assert model(3).publish("no.such.exchange", "a") == ((), (), ())
+    assert model(3).follow(names.delivery_exchange(SERVICE), "0.0.0.svc.zzz") == ((), (), ())
+    assert model(3).follow("no.such.exchange", "a") == ((), (), ())
     assert not model(3).has_exchange("no.such.exchange") and model(3).has_exchange("")
 
 
@@ -221,12 +221,12 @@ def test_a_delayed_event_is_due_at_every_bound_queue_and_else_waits_in_the_unrou
         Settings(service="billing", delay_levels=3, publish_delay_levels=2, publish_delay_unit_ms=500),
         [_handler("billing.created", "orders.*.created"), _handler("billing.audit", "orders.#")])
     model_ = BrokerModel([topology])
-    routed = model_.publish("events.deferred.1", "1.1.orders.7.created")
+    routed = model_.follow("events.deferred.1", "1.1.orders.7.created")
     assert routed.entered == ("events.deferred.1",)
     assert sorted((landing.queue, landing.after_ms, landing.waited_in) for landing in routed.landings) == [
         ("billing.audit", 1500, ("events.deferred.1", "events.deferred.0")),
         ("billing.created", 1500, ("events.deferred.1", "events.deferred.0"))]
-    [unrouted] = model_.publish("events.deferred.0", "0.1.invoices.1").landings
+    [unrouted] = model_.follow("events.deferred.0", "0.1.invoices.1").landings
     assert (unrouted.queue, unrouted.after_ms) == ("events.unrouted", 500)  # the due exchange's alternate exchange
     assert model_.consumed == {"billing.created", "billing.audit"}
 
@@ -255,10 +255,10 @@ def test_a_dead_letter_cycle_drops_the_message():
                        Queue("qb", bindings=[binding(b)], queue_arguments={"x-message-ttl": 2,
                                                                            "x-dead-letter-exchange": "a"}),
                        exchanges=[a, b])
-    routed = BrokerModel([topology], consumed=()).publish("a", "k")
+    routed = BrokerModel([topology], consumed=()).follow("a", "k")
     assert routed.landings == ()
     assert routed.lost == (Lost("qa", "b", "k", 4, "it went round a dead-letter cycle"),)
-    assert BrokerModel([topology], consumed={"qb"}).publish("a", "k").landings == (Landing("qb", "k", 1, ("qa",)),)
+    assert BrokerModel([topology], consumed={"qb"}).follow("a", "k").landings == (Landing("qb", "k", 1, ("qa",)),)
 
 
 def test_an_entity_declared_twice_with_other_arguments_conflicts():

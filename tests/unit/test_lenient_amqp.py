@@ -17,7 +17,7 @@ from amqp.spec import Basic
 
 from kombu_events.broker import lenient_amqp as wire_guard
 from kombu_events.core.delivery import UNREADABLE
-from kombu_events.core.headers import UNREADABLE_HEADERS, as_sent
+from kombu_events.core.wire import UNREADABLE_HEADERS, as_sent
 
 STRICT_PROPERTIES = amqp.serialization.decode_properties_basic
 STRICT_LOADS = amqp.serialization.loads

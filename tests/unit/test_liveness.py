@@ -1,9 +1,9 @@
-"""integrations/liveness.py: the heartbeat timer on the event loop, and the pure verdict /healthz answers with."""
+"""integrations/liveness.py: the heartbeat timer on the event loop, and the pure answer /healthz gives (liveness_of)."""
 from __future__ import annotations
 
 import pytest
 
-from kombu_events.integrations.liveness import Liveness, verdict
+from kombu_events.integrations.liveness import Liveness, liveness_of
 
 
 @pytest.mark.parametrize(("last_beat", "now", "alive", "why"), [
@@ -12,8 +12,8 @@ from kombu_events.integrations.liveness import Liveness, verdict
     (100.0, 110.0, True, "ok: the event loop turned 10.0 s ago"),
     (100.0, 110.5, False, "stalled: the event loop last turned 10.5 s ago (more than 10 s)"),
 ])
-def test_verdict(last_beat, now, alive, why):
-    assert verdict(last_beat, now, max_age_s=10) == (alive, why)
+def test_liveness_of(last_beat, now, alive, why):
+    assert liveness_of(last_beat, now, max_age_s=10) == (alive, why)
 
 
 class Control:

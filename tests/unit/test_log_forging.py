@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from kombu_events.console.app import ConsoleSettings, Guard
 from kombu_events.console.audit import AuditLog
 from kombu_events.console.auth import AuthSettings
-from kombu_events.core.circuit import OPEN
+from kombu_events.core.breaker import OPEN
 from kombu_events.core.logs import escape_controls, log_outcome
 from kombu_events.database import inbox
 from kombu_events.middleware import breakers

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 from kombu import Queue
 
-from kombu_events.core.headers import Undecoded
+from kombu_events.core.wire import Undecoded
 from kombu_events.ops.migrate import MigrationError, QueueState, copy_properties, holding_name, migration_steps
 
 Q = Queue("billing.audit", durable=True, queue_arguments={"x-queue-type": "quorum"})
@@ -89,7 +89,7 @@ def test_a_moved_copy_keeps_what_the_publisher_set_and_drops_what_the_broker_did
 
 from kombu_events.broker.stream_headers import unpack  # noqa: E402
 from kombu_events.ops.archive_rewrite import Seen  # noqa: E402
-from kombu_events.ops.migrate import (  # noqa: E402
+from kombu_events.ops.migrate_archive import (  # noqa: E402
     ArchiveState,
     _IntoStream,
     archive_holding_name,

@@ -22,10 +22,10 @@ class FakePublisher:
     def __init__(self):
         self.sent, self.refuse, self.down = [], set(), False
 
-    def publish(self, exchange, routing_key, message):
-        assert self.publish_many([(exchange, routing_key, message)]) == [None]
+    def send(self, exchange, routing_key, message):
+        assert self.send_many([(exchange, routing_key, message)]) == [None]
 
-    def publish_many(self, items):
+    def send_many(self, items):
         if self.down:
             raise BrokerUnavailableError("away")
         self.sent += [(key, message.properties["message_id"], json.loads(message.body)) for _x, key, message in items]

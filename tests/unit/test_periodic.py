@@ -1,4 +1,4 @@
-"""periodic/runner.py and Events.periodic without a broker: registration, the token handler's steps, seeds, the peek."""
+"""periodic/tokens.py and Events.periodic without a broker: registration, the token handler's steps, seeds, the peek."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from kombu_events import Event, Events, signals
 from kombu_events.core.schedule import State, Token
 from kombu_events.errors import ConfigurationError, PublishError
-from kombu_events.periodic.runner import Seeder, peek_state
+from kombu_events.periodic.tokens import Seeder, peek_state
 
 
 @pytest.fixture
@@ -38,15 +38,15 @@ class FakeStore:
         self.state = state
         self.log.append(("write", queue, state.last_run, state.next))
 
-    def publish(self, exchange, routing_key, message):
+    def send(self, exchange, routing_key, message):
         if self.fail_publish:
             raise PublishError("nacked")
         body = json.loads(message.body)
         self.log.append(("publish", exchange, routing_key, body["period"]))
 
-    def publish_many(self, items):
+    def send_many(self, items):
         for item in items:
-            self.publish(*item)
+            self.send(*item)
         return [None] * len(items)
 
 
@@ -60,8 +60,8 @@ def register(events, fn=None, **options):
     calls = []
     events.periodic("tick", **options)(fn or calls.append)
     [schedule] = events.schedules
-    runner = next(h for h in events.handlers if h.queue == schedule.queue).fn
-    return schedule, runner, calls
+    token_handler = next(h for h in events.handlers if h.queue == schedule.queue).fn
+    return schedule, token_handler, calls
 
 
 def test_a_schedule_is_a_handler_of_its_token_queue_one_at_a_time_in_the_fleet(events):
@@ -111,10 +111,10 @@ def test_a_handler_queue_may_not_take_a_schedule_s_name(events):
 
 
 def test_a_run_writes_the_state_publishes_the_next_token_then_records_it(events, monkeypatch):
-    schedule, runner, calls = register(events)
+    schedule, token_handler, calls = register(events)
     store = events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_050)
-    runner(token_event(5, schedule))
+    monkeypatch.setattr("kombu_events.periodic.tokens.now_ms", lambda: 5_050)
+    token_handler(token_event(5, schedule))
     [event] = calls
     assert event.payload == {"schedule": "tick", "period": 5, "due": "1970-01-01T00:00:05.000+00:00",
                              "missed": [], "missed_count": 0}
@@ -128,9 +128,9 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
     def boom(event):
         raise RuntimeError("no report today")
 
-    schedule, runner, _ = register(events, boom)
+    schedule, token_handler, _ = register(events, boom)
     store = events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_000)
+    monkeypatch.setattr("kombu_events.periodic.tokens.now_ms", lambda: 5_000)
     seen = []
 
     def receiver(sender, event, exception, **kwargs):
@@ -138,7 +138,7 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
 
     signals.handler_failed.connect(receiver)
     try:
-        runner(token_event(5, schedule))
+        token_handler(token_event(5, schedule))
     finally:
         signals.handler_failed.disconnect(receiver)
     assert seen == [(boom, 5, "no report today")]
@@ -147,39 +147,39 @@ def test_a_failing_function_is_reported_and_the_schedule_goes_on(events, monkeyp
 
 
 def test_a_token_that_is_not_due_goes_round_again_and_a_stale_one_is_only_acked(events, monkeypatch):
-    schedule, runner, calls = register(events)
+    schedule, token_handler, calls = register(events)
     store = events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 4_800)
-    runner(token_event(5, schedule))
+    monkeypatch.setattr("kombu_events.periodic.tokens.now_ms", lambda: 4_800)
+    token_handler(token_event(5, schedule))
     assert store.log == [("publish", "billing.delay.1", "0.0.1.0.billing.schedule.tick", 5)] and calls == []
     store.log.clear()
-    runner(token_event(3, schedule))
+    token_handler(token_event(3, schedule))
     assert store.log == [] and calls == []
 
 
 def test_a_token_beyond_the_ladder_s_reach_hops(events, monkeypatch):
-    schedule, runner, calls = register(events, every=3600)  # the ladder holds 15 units of 100 ms
+    schedule, token_handler, calls = register(events, every=3600)  # the ladder holds 15 units of 100 ms
     store = events._schedules._store = FakeStore(State(0, 0, 1, schedule.signature))
-    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 10)
-    runner(token_event(1, schedule))
+    monkeypatch.setattr("kombu_events.periodic.tokens.now_ms", lambda: 10)
+    token_handler(token_event(1, schedule))
     assert store.log == [("publish", "billing.delay.3", "1.1.1.1.billing.schedule.tick", 1)] and calls == []
 
 
 def test_a_new_schedule_records_its_beginning_before_it_runs(events, monkeypatch):
-    schedule, runner, calls = register(events)
+    schedule, token_handler, calls = register(events)
     store = events._schedules._store = FakeStore()
-    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 7_000)
-    runner(token_event(None, schedule))
+    monkeypatch.setattr("kombu_events.periodic.tokens.now_ms", lambda: 7_000)
+    token_handler(token_event(None, schedule))
     assert store.log[0] == ("write", schedule.state_queue, None, 7)
     assert [e.payload["period"] for e in calls] == [7]
 
 
 def test_a_failed_publish_raises_so_the_token_is_retried_not_acked(events, monkeypatch):
-    schedule, runner, _ = register(events)
+    schedule, token_handler, _ = register(events)
     events._schedules._store = FakeStore(State(4, 4000, 5, schedule.signature), fail_publish=True)
-    monkeypatch.setattr("kombu_events.periodic.runner.now_ms", lambda: 5_000)
+    monkeypatch.setattr("kombu_events.periodic.tokens.now_ms", lambda: 5_000)
     with pytest.raises(PublishError):
-        runner(token_event(5, schedule))
+        token_handler(token_event(5, schedule))
 
 
 def test_seeds_go_to_each_schedule_s_token_queue_without_delay(events):
@@ -198,7 +198,7 @@ def test_seeding_tries_again_then_gives_up(events):
 
 
 class BrokenStore(FakeStore):
-    def publish_many(self, items):
+    def send_many(self, items):
         raise RuntimeError("the store broke")
 
 
@@ -218,7 +218,7 @@ def test_the_seeding_thread_logs_what_went_wrong_with_its_service(events, store,
     events.periodic("a", every=1)(print)
     events._schedules._store = store
     monkeypatch.setattr(Seeder.seed, "__kwdefaults__", {"attempts": 1, "pause_s": 0})  # the thread's seed()
-    with caplog.at_level(logging.WARNING, logger="kombu_events.periodic.runner"):
+    with caplog.at_level(logging.WARNING, logger="kombu_events.periodic.tokens"):
         _seed_in_the_worker(events)
     assert logged in caplog.text
     assert [r for r in caplog.records if r.levelno == logging.ERROR]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from kombu_events.broker.lenient_amqp import decode_properties_leniently
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.backoff import Exponential
 from kombu_events.core.codec import JSON, decode
 from kombu_events.core.config import resolve_settings

@@ -75,9 +75,9 @@ def test_async_concurrency_is_how_many_async_handlers_the_pool_awaits_at_once(ho
 
     registry.resolve(app)
     consumer = ServiceConsumer(events)
-    consumer._pool = Pool()
-    consumer._batch.max_messages = 10
-    consumer._more_to_read = lambda: True  # the read goes on: the batch fills up to its 10
+    consumer.handoff.pool = Pool()
+    consumer.handoff.batch.max_messages = 10
+    consumer.handoff.more_to_read = lambda: True  # the read goes on: the batch fills up to its 10
     for i in range(10):
         consumer._receive(consumer.routes[0], Message(i))
     assert most[0] == 3, f"awaited {most[0]} at once; async_concurrency=3"
@@ -186,7 +186,7 @@ def test_the_publishers_broker_health_check_connection_carries_the_tls_options(b
     events = Events(tls_app(), service="paths", backlog=tmp_path / "backlog")
     backlog_publisher = events.publishing.backlog_publisher
     assert backlog_publisher is not None
-    health = backlog_publisher.guard.checks["broker"].fn()
+    health = backlog_publisher.breakers.checks["broker"].fn()
     assert type(health).__name__ == "Unhealthy", health  # refused: nothing listens
     assert built and all(carries_our_tls(c) for c in built), built
 

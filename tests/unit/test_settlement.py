@@ -7,7 +7,7 @@ import re
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
-from kombu_events.core import headers as wire, names
+from kombu_events.core import names, wire
 from kombu_events.core.backoff import Exponential
 from kombu_events.core.codec import JSON
 from kombu_events.core.config import resolve_settings
@@ -453,7 +453,7 @@ def _from(queue: str, *, attempts: int = 1, key: str = EVENT_KEY) -> Delivery:
 def _comes_back(step: Step, delivery: Delivery, topology: Topology, broker: BrokerModel) -> None:
     """The copy of ``step`` lands in ``delivery.queue`` only, after the delay it says, and reads back as the next."""
     assert isinstance(step, Republish) and step.action in ("retry", "requeue"), step
-    routed = broker.publish(step.exchange, step.routing_key)
+    routed = broker.follow(step.exchange, step.routing_key)
     assert routed.lost == ()
     [landing] = routed.landings
     assert landing.queue == delivery.queue, f"{step.action} of {delivery.queue!r} landed in {landing.queue!r}"
@@ -480,7 +480,7 @@ def test_among_look_alike_queues_a_copy_comes_back_to_its_own_queue_only(queue, 
 def test_a_rejected_message_comes_back_to_its_own_queue_only(queue):
     """What the broker does with a message a worker rejects, or whose process dies: the queue's dead-letter route."""
     args = {q.name: q.queue_arguments for q in MANY_TOPOLOGY.queues}[queue]
-    routed = MANY_BROKER.publish(args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"])
+    routed = MANY_BROKER.follow(args["x-dead-letter-exchange"], args["x-dead-letter-routing-key"])
     assert [(landing.queue, landing.after_ms) for landing in routed.landings] == [(queue, 100)]
 
 
@@ -490,7 +490,7 @@ def test_among_look_alike_queues_an_archived_copy_goes_to_the_archive_only(queue
     step = _plan(delivery, BOOM, topology=MANY_TOPOLOGY)
     for copy_ in _chain(step)[:-1]:
         assert copy_.action == "archive"
-        routed = MANY_BROKER.publish(copy_.exchange, copy_.routing_key)
+        routed = MANY_BROKER.follow(copy_.exchange, copy_.routing_key)
         assert [landing.queue for landing in routed.landings] == ["svc.archive"]
         assert _headers(copy_)[wire.QUEUE] == queue
 
@@ -501,7 +501,7 @@ def test_an_event_reaches_the_overlapping_queues_and_each_retry_only_its_own():
     landed = []
     for queue in reached:
         step = _plan(_from(queue, key="orders.7.created"), BOOM, topology=MANY_TOPOLOGY)
-        landed += [landing.queue for landing in MANY_BROKER.publish(step.exchange, step.routing_key).landings]
+        landed += [landing.queue for landing in MANY_BROKER.follow(step.exchange, step.routing_key).landings]
     assert landed == list(reached)
 
 

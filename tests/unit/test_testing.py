@@ -21,7 +21,7 @@ from kombu_events import (
     poisonous,
     signals,
 )
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.decision import DEFERRED, FAILED, UNDECODABLE
 from kombu_events.core.settlement import Republish
 from kombu_events.publishing.publisher import Publisher

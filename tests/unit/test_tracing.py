@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from kombu_events import Constant, Events, PublishError
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.core.event import Event
 from kombu_events.integrations.tracing import (
     TracingMiddleware,

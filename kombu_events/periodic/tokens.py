@@ -2,7 +2,7 @@
 
 A schedule is a handler of its own token queue (``x-single-active-consumer``,
 prefetch 1: one token in flight in the whole fleet), so its runs happen in the
-worker's pool like any handler's. :class:`ScheduleRunner` is that handler: it peeks
+worker's pool like any handler's. :class:`TokenHandler` is that handler: it peeks
 the state, lets :func:`kombu_events.core.schedule.action_for` decide, runs the user's
 function, writes the state, publishes the next token through the service's delay
 ladder (confirmed), writes the state again, and returns: the consumer acks.
@@ -11,7 +11,7 @@ starts. docs/scheduling.md has the argument.
 """
 from __future__ import annotations
 
-__all__ = ["ScheduleRunner", "StateStore", "Seeder", "peek_state"]
+__all__ = ["TokenHandler", "StateStore", "Seeder", "peek_state"]
 
 import json
 import logging
@@ -26,7 +26,7 @@ from amqp import Message
 from amqp.exceptions import NotFound
 
 from .. import signals
-from ..core import headers as wire
+from ..core import wire
 from ..core.event import Event
 from ..core.schedule import (
     MISSED_SHOWN,
@@ -139,14 +139,14 @@ class StateStore(Publisher):
         state = replace(state, info={**state.info, "written_ms": now_ms()})
         message = build_message(state.as_dict())
         try:
-            self.publish("", queue, message)
+            self.send("", queue, message)
         except UnroutableError:  # the state queue expired: declare it, write again
             with self._lock:
                 self._declare(self._ensure().channel, queue)
-            self.publish("", queue, build_message(state.as_dict()))
+            self.send("", queue, build_message(state.as_dict()))
 
 
-class ScheduleRunner:
+class TokenHandler:
     """The handler of a schedule's token queue: runs in the worker's pool, gets the token as an Event."""
 
     def __init__(self, schedules: Any, schedule: Schedule, fn: Callable[[Event], Any]) -> None:
@@ -224,7 +224,7 @@ class ScheduleRunner:
         topology = self.schedules.topology
         delay_ms = min(later.delay_ms, topology.settings.max_delay_ms)  # it hops: early tokens wait again
         address = topology.address(s.queue, delay_ms)
-        store.publish(address.exchange, address.routing_key, token_message(Token(s.name, later.period, s.signature)))
+        store.send(address.exchange, address.routing_key, token_message(Token(s.name, later.period, s.signature)))
 
 
 class Seeder(Middleware):
@@ -257,7 +257,7 @@ class Seeder(Middleware):
             items.append((address.exchange, address.routing_key, token_message(Token(s.name, None, s.signature))))
         for attempt in range(1, attempts + 1):
             try:
-                errors = [e for e in self.schedules.store.publish_many(items) if e is not None]
+                errors = [e for e in self.schedules.store.send_many(items) if e is not None]
                 if not errors:
                     return True
                 raise errors[0]

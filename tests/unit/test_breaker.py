@@ -1,20 +1,12 @@
-"""The circuit breaker's policy and state machine (pure: the clock is an argument)."""
+"""core/breaker.py: the breaker's policy and state machine (pure: the clock is an argument)."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, strategies as st
 
 from kombu_events import ConfigurationError
-from kombu_events.core.circuit import (
-    CLOSED,
-    DEGRADED,
-    HALF_OPEN,
-    HEALTHY,
-    OPEN,
-    UNHEALTHY,
-    Breaker,
-    CircuitBreaker,
-)
+from kombu_events.core.breaker import CLOSED, HALF_OPEN, OPEN, Breaker, CircuitBreaker
+from kombu_events.core.health import DEGRADED, HEALTHY, UNHEALTHY
 
 
 def tripped(policy: CircuitBreaker | None = None, now: float = 0.0) -> Breaker:

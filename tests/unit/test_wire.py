@@ -1,11 +1,11 @@
-"""core/headers.py: attempt counting, the original routing key, and the headers of retries, archive, replay."""
+"""core/wire.py: attempt counting, the original routing key, and the headers of retries, archive, replay."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from kombu_events.core import headers as wire
+from kombu_events.core import wire
 from kombu_events.errors import HeaderError
 
 QUEUE = "billing.audit"

@@ -1,4 +1,4 @@
-"""Circuit breakers: the policy, and the pure state machine of one circuit (the clock is passed in).
+"""Breakers (circuit breakers): the policy, and the pure state machine of one breaker (the clock is passed in).
 
 A :class:`Breaker` is closed until ``max_failures`` failures, ``max_unhealthy``
 Unhealthy or ``max_degraded`` Degraded health checks fall within ``window_s``; then
@@ -8,26 +8,26 @@ with each trip that follows another without a close in between, capped at
 success closes it, its failure trips it again. No sockets, no sleeping, no threads:
 whoever owns a breaker (the worker for a handler, the publisher for the broker)
 feeds it outcomes with ``now`` and acts on the state changes it returns.
+
+Every module about breakers is named for them: this one (pure), the handlers' middleware
+(:mod:`kombu_events.middleware.breakers`: pauses a queue) and the publisher's
+(:mod:`kombu_events.publishing.breakers`: diverts publishes to the backlog). A circuit is what
+a breaker opens and closes (a handler queue, a publisher's check): its state is closed, open or half-open.
 """
 from __future__ import annotations
 
-__all__ = ["CircuitBreaker", "Breaker", "CLOSED", "OPEN", "HALF_OPEN", "HEALTHY", "DEGRADED", "UNHEALTHY",
-           "HEALTH_STATES"]
+__all__ = ["CircuitBreaker", "Breaker", "CLOSED", "OPEN", "HALF_OPEN"]
 
 import math
 from collections import deque
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
+from .health import DEGRADED, HEALTH_STATES, HEALTHY, UNHEALTHY
 
 CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half_open"
-
-HEALTHY = "healthy"
-DEGRADED = "degraded"
-UNHEALTHY = "unhealthy"
-HEALTH_STATES = (HEALTHY, DEGRADED, UNHEALTHY)
 
 GROWTHS = ("exponential", "linear")
 
@@ -141,7 +141,7 @@ class Breaker:
         return HALF_OPEN
 
     def release(self) -> None:
-        """The probe ended without a verdict (not run, or an outcome that is neither success nor
+        """The probe ended without a result (not run, or an outcome that is neither success nor
         failure): a half-open circuit lets the next call through as its probe."""
         self._probing = False
 

@@ -1,22 +1,23 @@
-"""The publisher's circuits: one breaker per health check, fed by checks and by publishes (pure).
+"""The publisher's breakers: one per health check, fed by checks and by publishes (pure).
 
 Publishing goes to the broker only while every circuit is closed. A failed publish
 counts against the broker's circuit. An open circuit whose reset time has come is
 probed by running its check once (half-open): healthy closes it, anything else
 trips it again with a longer reset time. A closed circuit whose check has an
 ``interval_s`` is checked that often. No clock, thread or socket here: the caller
-passes ``now``, runs the checks :meth:`Guard.due` names, and reports their results.
+passes ``now``, runs the checks :meth:`PublisherBreakers.due` names, and reports their results.
 """
 from __future__ import annotations
 
-__all__ = ["Guard", "Change", "PUBLISHER_CIRCUIT", "publisher_policy"]
+__all__ = ["PublisherBreakers", "Change", "PUBLISHER_CIRCUIT", "publisher_policy"]
 
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..core.circuit import CLOSED, HEALTHY, OPEN, Breaker, CircuitBreaker
+from ..core.breaker import CLOSED, OPEN, Breaker, CircuitBreaker
+from ..core.health import HEALTHY
 from ..errors import ConfigurationError
-from .checks import BROKER, PublisherCheck
+from .health import BROKER, PublisherCheck
 
 #: The publisher's default policy: the publisher already retries its connection, so one
 #: failed publish trips the circuit; it is probed after 1 s, then 2, 4 ... up to 30 s.
@@ -45,8 +46,8 @@ class Change:
     level: str
 
 
-class Guard:
-    """The circuits of one publisher, one per health check (the first one is the broker's)."""
+class PublisherBreakers:
+    """The breakers of one publisher, one per health check (the first one is the broker's)."""
 
     def __init__(self, checks: Sequence[PublisherCheck], policy: CircuitBreaker = PUBLISHER_CIRCUIT) -> None:
         names = [c.name for c in checks]

@@ -1,9 +1,11 @@
-"""``HealthRun``: runs one health check in a thread of its own and posts its result back to the event loop.
+"""A handler's health checks in the worker: ``HealthRun`` runs one in a thread of its own and posts its result
+back to the event loop, for the handler's breaker (:mod:`kombu_events.middleware.breakers`).
 
 A check may do I/O (ping a database, call an API), so it never runs on the worker's
 event loop. One run at a time: a request while a run is in progress waits for that
 run's result. A run still going after the check's ``timeout_s`` is reported as
-Unhealthy (its thread is left to finish; the next run starts once it has).
+Unhealthy (its thread is left to finish; the next run starts once it has). The other
+modules about health are listed in :mod:`kombu_events.core.health`.
 """
 from __future__ import annotations
 
@@ -14,8 +16,7 @@ import threading
 from functools import partial
 from typing import TYPE_CHECKING, Callable
 
-from ..core.circuit import HEALTHY
-from ..core.health import Health, HealthCheck, Unhealthy, check
+from ..core.health import HEALTHY, Health, HealthCheck, Unhealthy, run_check
 
 if TYPE_CHECKING:
     from .control import Control, Timer
@@ -66,7 +67,7 @@ class HealthRun:
 
     def _body(self, control: Control) -> None:
         """The thread: run the check, post the result to the event loop."""
-        result = check(self.check.fn)
+        result = run_check(self.check.fn)
         try:
             control.call_soon_threadsafe(partial(self._done, result))
         except Exception:  # the event loop is gone (the worker stops): the next run may start

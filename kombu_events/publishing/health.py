@@ -1,23 +1,24 @@
-"""Publisher health checks (as in Celery 5's architecture draft, the CEP): the broker answers, and the user's own.
+"""The publisher's health checks (as in Celery 5's architecture draft, the CEP): the broker answers, and the user's own.
 
 A publisher check is a function returning :class:`~kombu_events.Healthy`, :class:`~kombu_events.Degraded`
 or :class:`~kombu_events.Unhealthy`, as a handler's health check does
 (:meth:`Events.health_check <kombu_events.Events.health_check>`); it raises or returns
-anything else: Unhealthy. Each check has its own circuit breaker (see
-:mod:`kombu_events.publishing.circuits`): while any is open, events go to the local backlog
-instead of the broker. The checks run in the backlog's flusher thread.
+anything else: Unhealthy (:func:`kombu_events.core.health.run_check` runs it). Each check has
+its own breaker (see :mod:`kombu_events.publishing.breakers`): while any is open, events go to
+the local backlog instead of the broker. The checks run in the backlog's flusher thread.
+The other modules about health are listed in :mod:`kombu_events.core.health`.
 """
 from __future__ import annotations
 
-__all__ = ["PublisherCheck", "BrokerAnswers", "broker_check", "as_check", "run_check", "BROKER"]
+__all__ = ["PublisherCheck", "BrokerAnswers", "broker_check", "as_check", "BROKER"]
 
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..broker.connections import broker_connection, failure_reason
-from ..core.circuit import CircuitBreaker
-from ..core.health import Health, Healthy, Unhealthy, check
+from ..core.breaker import CircuitBreaker
+from ..core.health import Health, Healthy, Unhealthy
 from ..core.logs import safe_text, safe_url
 from ..errors import ConfigurationError
 
@@ -96,8 +97,3 @@ def as_check(obj: Any) -> PublisherCheck:
         return PublisherCheck(obj)
     raise ConfigurationError(f"publisher health checks must be functions or PublisherCheck(...), got {obj!r}")
 
-
-def run_check(publisher_check: PublisherCheck) -> tuple[str, str]:
-    """Run one check (never raises): its status, and the reason it gave."""
-    result = check(publisher_check.fn)
-    return result.status, result.reason
