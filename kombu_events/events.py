@@ -137,6 +137,7 @@ class Events:
         type: str | None = None,
         publishers: Iterable[str] | None = None,
         once: bool | Callable[[Any], str] = False,
+        concurrency: int | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: call the function for every event whose routing key matches ``binding_keys``.
 
@@ -154,7 +155,8 @@ class Events:
         keys, options = handler_options(
             binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
             dont_retry=dont_retry, bind=bind, raw=raw, circuit_breaker=circuit_breaker, prefetch=prefetch,
-            single_active_consumer=single_active_consumer, message_type=type, publishers=publishers, once=once)
+            single_active_consumer=single_active_consumer, message_type=type, publishers=publishers, once=once,
+            concurrency=concurrency)
         if once:
             self._add_inbox()
 

@@ -50,6 +50,8 @@ class Handler:
     #: Effectively once (docs/effectively-once.md): False, True (keyed by message id, else a hash of routing
     #: key and body), or a callable ``(event) -> str`` giving the key. Needs ``Events(database=...)``.
     once: bool | Callable[[Any], str] = False
+    #: At most this many calls of the handler at once in a worker, across its pool (None: as many as the pool runs).
+    concurrency: int | None = None
 
 
 def validate_binding_key(key: object) -> str:
@@ -187,6 +189,14 @@ def check_prefetch(value: Any) -> int | None:
     return value
 
 
+def check_concurrency(value: Any) -> int | None:
+    """Return a handler's ``concurrency`` (None: no limit of its own), else raise ConfigurationError."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10_000):
+        raise ConfigurationError(f"concurrency must be an integer within 1 .. 10000 (calls of the handler at once "
+                                 f"in a worker) or None, got {value!r}")
+    return value
+
+
 def check_publishers(value: Any) -> frozenset[str] | None:
     """A handler's ``publishers`` as a frozenset of user names (None: anyone's), else ConfigurationError."""
     if value is None:
@@ -212,7 +222,7 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
                     max_retries: int | None, backoff: Backoff | None, retry_for: Any, dont_retry: Any, bind: bool,
                     raw: bool, circuit_breaker: CircuitBreaker | Literal[False] | None, prefetch: int | None,
                     single_active_consumer: bool, message_type: str | None = None, publishers: Any = None,
-                    once: Any = False) -> tuple[tuple[str, ...], dict[str, Any]]:
+                    once: Any = False, concurrency: Any = None) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options).
 
     With ``type=`` and no binding key the queue is bound with ``#``: the type picks the events.
@@ -232,6 +242,7 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
         "circuit_breaker": circuit_breaker_of(f"handler({', '.join(map(repr, keys))})", circuit_breaker, None),
         "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
         "message_type": message_type, "publishers": check_publishers(publishers), "once": check_once(once),
+        "concurrency": check_concurrency(concurrency),
     }
     if circuit_breaker is None:
         del options["circuit_breaker"]  # the service's default, read with the settings
@@ -297,7 +308,7 @@ class HandlerSpec:
                        circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
                        single_active_consumer=o["single_active_consumer"], contract=self.contract,
                        message_type=o.get("message_type"), publishers=o.get("publishers"),
-                       once=o.get("once", False))
+                       once=o.get("once", False), concurrency=o.get("concurrency"))
 
 
 def handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:

@@ -77,7 +77,9 @@ class ServiceConsumer:
         self.settler = Settler(topology=self.topology, hooks=self.hooks, control=self.control,
                                traceback_limit=settings.traceback_limit, release=self.throttle.release)
         self.handoff = Handoff(settings.service, awaited=self.awaited, async_concurrency=settings.async_concurrency,
-                               mailbox=self.mailbox, settler=self.settler)
+                               mailbox=self.mailbox, settler=self.settler,
+                               limits={r.handler.queue: r.handler.concurrency for r in self.routes
+                                       if r.handler.concurrency is not None})
         self._consumers: dict[str, Consumer] = {}
         self._active: set[str] = set()
         self._started = False

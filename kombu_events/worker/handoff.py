@@ -5,6 +5,10 @@ A :class:`~kombu_events.worker.batching.Batcher` decides what goes together: wha
 brings, while a pool process is free. The jobs in the pool are counted on each connection: at a
 connection loss Celery's prefork pool drops the jobs it had not yet written to a process, and those never
 call back, so a job of a connection gone since no longer counts.
+
+A handler with a ``concurrency`` of its own has at most that many of its messages in the pool at once
+(whatever the pool: processes, threads, or coroutines awaited together); the next waits here, unacked,
+until one of them comes back. The count is the worker's: this process hands every job to the pool.
 """
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ import logging
 import select
 import threading
 import time
+from collections import deque
 from functools import partial
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 from ..core import decision
 from ..core.delivery import Delivery
@@ -54,8 +59,14 @@ class Handoff:
     """Messages received, to the pool and back: batches, the jobs in the pool, their results to ``settler``."""
 
     def __init__(self, service: str, *, awaited: frozenset[str], async_concurrency: int, mailbox: Mailbox,
-                 settler: Settles) -> None:
+                 settler: Settles, limits: Mapping[str, int] | None = None) -> None:
         self.service = service
+        #: Queues whose handler has a ``concurrency``: at most this many of their messages in the pool at once.
+        self.limits = dict(limits or {})
+        #: Messages of each such queue in the pool now (on this connection), and those waiting for room.
+        self.running: dict[str, int] = {}
+        self.waiting: dict[str, deque[Received]] = {}
+        self._draining: set[str] = set()
         self.async_concurrency = async_concurrency
         self.mailbox = mailbox
         self.settler = settler
@@ -74,6 +85,8 @@ class Handoff:
     def attach(self, connection: Any, pool: Any, hub: Any, *, in_flight: int) -> None:
         """A new connection (Celery reconnected): count jobs anew; batch only with an event loop (``hub``)."""
         self.jobs, self.connection_jobs = 0, self.connection_jobs + 1
+        # What waited was delivered on the last connection: the broker delivers it again.
+        self.running, self.waiting = {}, {}
         self.pool, self.hub = pool, hub
         self.loop_ident = threading.get_ident()
         self.batch.max_messages = 1
@@ -116,6 +129,8 @@ class Handoff:
     def flush(self) -> None:
         """Hand the batch to the pool: one message on its own (``runner.run``), several as one job (``run_batch``)."""
         batch = self.batch.take()
+        if self.limits:
+            batch = self._admitted(batch)
         if len(batch) == 1:
             self.hand_over(batch[0])
         elif batch:
@@ -140,12 +155,51 @@ class Handoff:
             self.pool.apply_async(runner.run, item, callback=done, error_callback=done)
         except Exception as exc:  # e.g. headers nested too deep to pickle for a prefork child
             self.jobs -= 1
+            self._ended(route.handler.queue)
             what = decision.describe(exc)
             outcome = decision.Outcome(decision.UNDECODABLE, f"cannot be handed to the pool: {what}", what)
             if refused is None:
                 self.settler.settle(route, delivery, message, outcome)
             else:  # a pool shutting down refuses jobs: nothing wrong with the message
                 self.settler.hold(route, delivery, message, outcome, refused(what))
+
+    # -- handlers' concurrency -----------------------------------------------------------------
+
+    def _admitted(self, batch: list[Received]) -> list[Received]:
+        """The messages of ``batch`` their handler's ``concurrency`` lets into the pool now; the others wait,
+        in order, behind those of their queue that wait already."""
+        admitted = []
+        for received in batch:
+            queue = received.route.handler.queue
+            limit = self.limits.get(queue)
+            if limit is None:
+                admitted.append(received)
+            elif self.running.get(queue, 0) < limit and not self.waiting.get(queue):
+                self.running[queue] = self.running.get(queue, 0) + 1
+                admitted.append(received)
+            else:
+                self.waiting.setdefault(queue, deque()).append(received)
+        return admitted
+
+    def _ended(self, queue: str) -> None:
+        """A message of ``queue`` left the pool: the next of its queue waiting goes, while there is room.
+
+        Iterative: under the solo pool a hand-over runs the handler and comes back here before it returns.
+        """
+        limit = self.limits.get(queue)
+        if limit is None:
+            return
+        self.running[queue] = max(0, self.running.get(queue, 0) - 1)
+        waiting = self.waiting.get(queue)
+        if not waiting or queue in self._draining:
+            return  # nothing waits, or the loop below (further up this call stack) goes on with it
+        self._draining.add(queue)
+        try:
+            while waiting and self.running[queue] < limit:
+                self.running[queue] += 1
+                self.hand_over(waiting.popleft())
+        finally:
+            self._draining.discard(queue)
 
     # -- back from the pool ---------------------------------------------------------------------
 
@@ -178,6 +232,8 @@ class Handoff:
         if isinstance(result, decision.Outcome) and result.duration_ms > 0:
             self.batch.observe(route.handler.queue, result.duration_ms)
         self.settler.settle(route, delivery, message, result)
+        if self.limits and connection_jobs == self.connection_jobs:
+            self._ended(route.handler.queue)
         self._returned(connection_jobs)
 
     def _ran_batch(self, connection_jobs: int, batch: list[Received], result: Any) -> None:
@@ -191,6 +247,9 @@ class Handoff:
                                      getattr(result, "elapsed_ms", -1.0))
             for (route, delivery, message, _), outcome in zip(batch, result):
                 self.settler.settle(route, delivery, message, outcome)
+            if self.limits and connection_jobs == self.connection_jobs:
+                for received in batch:
+                    self._ended(received.route.handler.queue)
         self._returned(connection_jobs)
 
     def _again_one_by_one(self, batch: list[Received], result: Any) -> None:

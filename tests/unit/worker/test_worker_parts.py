@@ -206,3 +206,135 @@ def test_a_handoff_counts_only_the_jobs_of_its_current_connection():
     handoff.add(received(2))
     pool.jobs[0][2](OK)  # the old connection's job, back late
     assert handoff.jobs == 1 and [m for m, _ in settles.settled] == ["m1"]
+
+
+# -- a handler's concurrency -------------------------------------------------------------------------------
+
+
+def limited(limit: int, pool: Pool, settles: Settles, hub: Any = None) -> Handoff:
+    handoff = Handoff("svc", awaited=frozenset(), async_concurrency=10, mailbox=Mailbox("svc"), settler=settles,
+                      limits={"svc.handle": limit})
+    handoff.attach(None, pool, hub, in_flight=100)
+    return handoff
+
+
+def ids(pool: Pool) -> list[int]:
+    """The events of each job, in order (one job: one event, or the list of a batch)."""
+    return [json.loads(args[1])["i"] if fn is runner.run else [json.loads(item[1])["i"] for item in args[0]]
+            for fn, args, _, _ in pool.jobs]
+
+
+def test_at_most_concurrency_messages_of_a_handler_are_in_the_pool_the_next_goes_when_one_ends():
+    settles, pool = Settles(), Pool()
+    handoff = limited(2, pool, settles)
+    for i in range(5):
+        handoff.add(received(i))
+    assert ids(pool) == [0, 1] and handoff.running == {"svc.handle": 2}
+    assert [r.delivery.message_id for r in handoff.waiting["svc.handle"]] == ["m2", "m3", "m4"]
+    pool.jobs[1][2](OK)  # the second ends: the third goes, in order
+    assert ids(pool) == [0, 1, 2] and handoff.running == {"svc.handle": 2}
+    pool.jobs[0][3](SimpleNamespace(exception=RuntimeError("lost"), traceback=""))  # a lost one ends too
+    pool.jobs[2][2](OK)
+    assert ids(pool) == [0, 1, 2, 3, 4] and not handoff.waiting["svc.handle"]
+    for job in pool.jobs[3:]:
+        job[2](OK)
+    assert handoff.running == {"svc.handle": 0} and len(settles.settled) == 5
+
+
+def test_a_batch_takes_only_the_room_a_limited_handler_has_and_other_handlers_are_not_held(monkeypatch):
+    settles, pool = Settles(), Pool()
+    pool.limit = 4
+    hub = SimpleNamespace(call_later=lambda delay, fn: None)
+    handoff = limited(2, pool, settles, hub)
+    handoff.more_to_read = lambda: True  # the read goes on: everything waits for the batch
+    handoff.batch.observe("svc.handle", 0.01)
+    handoff.batch.observe("svc.other", 0.01)
+    for i in range(4):
+        handoff.add(received(i))
+        other = received(10 + i)
+        handoff.add(other._replace(route=route("svc.other")))
+    handoff.flush()
+    assert ids(pool) == [[0, 10, 1, 11, 12, 13]], "two of the limited handler; all of the other"
+    pool.jobs[0][2](runner.Outcomes([OK] * 6))
+    assert ids(pool)[1:] == [2, 3] and handoff.running == {"svc.handle": 2}
+
+
+def test_a_message_the_pool_refuses_frees_its_place_for_the_next_one():
+    class Refusing(Pool):
+        def apply_async(self, fn, args, callback, error_callback):
+            if json.loads(args[1])["i"] == 0:
+                raise RecursionError("too deep to pickle")
+            super().apply_async(fn, args, callback, error_callback)
+
+    settles, pool = Settles(), Refusing()
+    handoff = limited(1, pool, settles)
+    for i in range(3):
+        handoff.add(received(i))
+    assert ids(pool) == [1] and handoff.running == {"svc.handle": 1}
+    assert [m for m, outcome in settles.settled] == ["m0"]
+
+
+def test_under_solo_each_end_hands_over_the_next_without_recursing_for_each():
+    class Solo(Pool):
+        def apply_async(self, fn, args, callback, error_callback):
+            super().apply_async(fn, args, callback, error_callback)
+            callback(OK)  # solo runs the job inside apply_async
+
+    settles, pool = Settles(), Solo()
+    handoff = limited(1, pool, settles)
+    handoff.more_to_read = lambda: True
+    handoff.batch.observe("svc.handle", 0.01)
+    handoff.batch.max_messages = 3000
+    for i in range(2000):
+        handoff.batch.add("svc.handle", received(i))
+    handoff.flush()  # deeper than the recursion limit if each end recursed into the next hand-over
+    assert len(pool.jobs) == 2000 and handoff.running == {"svc.handle": 0}
+
+
+def test_jobs_of_a_connection_gone_do_not_free_places_on_the_new_one():
+    settles, pool = Settles(), Pool()
+    handoff = limited(1, pool, settles)
+    handoff.add(received(1))
+    handoff.add(received(2))  # waits
+    handoff.attach(None, pool, None, in_flight=100)  # reconnected: what waited is redelivered by the broker
+    assert handoff.waiting == {} and handoff.running == {}
+    handoff.add(received(3))
+    handoff.add(received(4))
+    pool.jobs[0][2](OK)  # the old connection's job ends
+    assert ids(pool) == [1, 3], "message 4 still waits for message 3"
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10_001, 2.0, True, "4"])
+def test_a_concurrency_that_is_no_count_is_refused_at_registration(bad):
+    from celery import Celery
+
+    from kombu_events import ConfigurationError, Events
+
+    events = Events(Celery("t", broker="memory://"), service="limits")
+    with pytest.raises(ConfigurationError, match=r"concurrency must be an integer within 1 \.\. 10000"):
+        events.handler("orders.#", concurrency=bad)
+
+
+def test_a_handlers_concurrency_reaches_the_worker_hand_off():
+    from celery import Celery
+
+    from kombu_events import Events, registry
+    from kombu_events.worker.consumer import ServiceConsumer
+
+    registry.reset()
+    try:
+        app = Celery("t", broker="memory://")
+        events = Events(app, service="limits")
+
+        @events.handler("orders.#", concurrency=3)
+        def orders(payload):
+            pass
+
+        @events.handler("audit.#")
+        def audit(payload):
+            pass
+
+        registry.resolve(app)
+        assert ServiceConsumer(events).handoff.limits == {"limits.orders": 3}
+    finally:
+        registry.reset()
