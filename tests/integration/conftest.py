@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
-from .harness import Project
+from .harness import Project, unique
 from .private_broker import PrivateBroker
+
+if TYPE_CHECKING:
+    import psycopg
 
 #: Modules whose tests lean on timing (faults, breakers, periods, a cluster, green pools, crash accounting) or
 #: start private nodes: marked ``heavy``, they run after the rest (scripts/test runs the others in two processes
@@ -22,6 +26,9 @@ HEAVY = {
     "test_breaker": "heavy-b", "test_faults": "heavy-b",
 }
 HERE = Path(__file__).parent
+
+#: The machine's PostgreSQL (test_django.py, test_inbox_crashes.py): each test makes databases of its own on it.
+POSTGRES = {"host": os.environ.get("KOMBU_EVENTS_TEST_PGHOST", "127.0.0.1"), "port": 5432, "user": "postgres"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker
@@ -87,3 +94,42 @@ def private_broker(private_broker_session):
     yield private_broker_session
     if not private_broker_session.app_running:
         private_broker_session.start_app()
+
+
+def _postgres_unavailable(why: str) -> None:
+    """Skip locally; fail under CI=true."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"{why} (CI=true: tests that need PostgreSQL must not be skipped)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[psycopg.Connection]:
+    """A connection to the server's ``postgres`` database (autocommit); skips locally without it, fails in CI."""
+    import psycopg  # only the tests that ask for it need the driver
+
+    try:
+        connection = psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **POSTGRES)
+    except psycopg.OperationalError as exc:
+        _postgres_unavailable(f"PostgreSQL is not reachable at {POSTGRES['host']}:5432: {exc}")
+    with connection:
+        yield connection
+
+
+@pytest.fixture
+def make_database(postgres) -> Iterator[Callable[[str], str]]:
+    """``make_database(prefix)``: the name of a new database of this test's own, dropped afterwards (its sessions
+    too)."""
+    names: list[str] = []
+
+    def make(prefix: str) -> str:
+        name = unique(prefix)
+        names.append(name)
+        postgres.execute(f'CREATE DATABASE "{name}"')
+        return name
+
+    try:
+        yield make
+    finally:
+        for name in names:
+            postgres.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

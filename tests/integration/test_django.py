@@ -10,17 +10,15 @@ the connection" and never recovers, which is what shows the test proves the fix.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 
 import psycopg
 import pytest
 
+from .conftest import POSTGRES
 from .harness import get_messages, publish_amqp, queue_depth, unique, wait_for
 
 pytestmark = pytest.mark.integration
-
-POSTGRES = {"host": os.environ.get("KOMBU_EVENTS_TEST_PGHOST", "127.0.0.1"), "port": 5432, "user": "postgres"}
 
 SETTINGS = """
 SECRET_KEY = "test"
@@ -63,34 +61,13 @@ def write(event):
 """
 
 
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"{why} (CI=true: tests that need PostgreSQL must not be skipped)")
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A connection to the server's ``postgres`` database (autocommit)."""
-    try:
-        connection = psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **POSTGRES)
-    except psycopg.OperationalError as exc:
-        _unavailable(f"PostgreSQL is not reachable at {POSTGRES['host']}:5432: {exc}")
-    with connection:
-        yield connection
-
-
 @pytest.fixture
-def database(postgres):
+def database(make_database):
     """A database of this test's own with the project's table, dropped afterwards (its sessions too)."""
-    name = unique("kev_django_")
-    postgres.execute(f'CREATE DATABASE "{name}"')
-    try:
-        with psycopg.connect(dbname=name, autocommit=True, **POSTGRES) as connection:
-            connection.execute("CREATE TABLE things_row (id serial PRIMARY KEY, note text NOT NULL)")
-        yield name
-    finally:
-        postgres.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    name = make_database("kev_django_")
+    with psycopg.connect(dbname=name, autocommit=True, **POSTGRES) as connection:
+        connection.execute("CREATE TABLE things_row (id serial PRIMARY KEY, note text NOT NULL)")
+    return name
 
 
 def _django_project(make_project, database: str, mode: str, max_age: int | None):

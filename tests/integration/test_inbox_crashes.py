@@ -32,12 +32,11 @@ from kombu import Connection, Exchange, Queue
 
 from kombu_events.database.tables import metadata
 
+from .conftest import POSTGRES
 from .harness import publish_amqp, run_cli, unique, wait_for
 from .json_schemas import one_document
 
 pytestmark = pytest.mark.integration
-
-POSTGRES = {"host": os.environ.get("KOMBU_EVENTS_TEST_PGHOST", "127.0.0.1"), "port": 5432, "user": "postgres"}
 
 COMMON = """
 import signal
@@ -150,34 +149,10 @@ events.publish("orders.o3", {{"id": "o3"}})
 """
 
 
-def _unavailable(why: str) -> None:
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(f"{why} (CI=true: tests that need PostgreSQL must not be skipped)")
-    pytest.skip(why)
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    """A connection to the server's ``postgres`` database (autocommit)."""
-    try:
-        connection = psycopg.connect(dbname="postgres", autocommit=True, connect_timeout=5, **POSTGRES)
-    except psycopg.OperationalError as exc:
-        _unavailable(f"PostgreSQL is not reachable at {POSTGRES['host']}:5432: {exc}")
-    with connection:
-        yield connection
-
-
 @pytest.fixture
-def pg_databases(postgres):
+def pg_databases(make_database):
     """Two databases of this test's own (Django's, SQLAlchemy's), dropped afterwards (their sessions too)."""
-    names = [unique("kev_once_"), unique("kev_once_")]
-    try:
-        for name in names:
-            postgres.execute(f'CREATE DATABASE "{name}"')
-        yield names
-    finally:
-        for name in names:
-            postgres.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return [make_database("kev_once_"), make_database("kev_once_")]
 
 
 def _project(kind, make_project, database, tmp_path):

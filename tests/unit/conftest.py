@@ -1,8 +1,9 @@
-"""Unit-test fixtures: no sockets, and process-wide registries restored after each test."""
+"""Unit-test fixtures: no sockets, and process-wide registries restored after each test; a Celery app."""
 from __future__ import annotations
 
 import socket
 
+import celery
 import pytest
 
 from kombu_events import registry
@@ -29,3 +30,10 @@ def _isolated_registry():
     registry.reset()
     registry.services.extend(saved_services)
     registry._routes.update(saved_routes)
+
+
+@pytest.fixture
+def app() -> celery.Celery:
+    """A Celery app on the in-memory transport, not the current app (a test file may define its own ``app``)."""
+    # Constructing a Celery app opens no connection (the autouse fixture would fail the test if it did).
+    return celery.Celery("proj", broker="memory://", set_as_current=False)

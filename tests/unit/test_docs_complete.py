@@ -15,7 +15,7 @@ import pytest
 from kombu_events import Events
 from tests.doc_examples import pages
 
-from .test_cli_help import COMMANDS
+from .cli.test_cli_help import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -16,12 +16,6 @@ from kombu_events.worker.bootstep import OPTION, EventsStep
 
 
 @pytest.fixture
-def app():
-    # Constructing a Celery app opens no connection (the autouse fixture would fail the test if it did).
-    return celery.Celery("proj", broker="memory://", set_as_current=False)
-
-
-@pytest.fixture
 def events(app, monkeypatch):
     for variable in ("AMQP_EVENTS_MAX_RETRIES", "AMQP_EVENTS_ARCHIVED_MESSAGE_TTL",
                      "AMQP_EVENTS_ARCHIVED_QUEUE_LENGTH", "RABBIT_URL"):

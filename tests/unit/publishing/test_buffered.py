@@ -1,4 +1,4 @@
-"""backlog_publisher.py: publish or store, flush in order, the daemon thread -- over an in-memory fake broker."""
+"""publishing/buffered.py: publish or store, flush in order, the daemon thread -- over an in-memory fake broker."""
 from __future__ import annotations
 
 import logging

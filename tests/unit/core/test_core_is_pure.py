@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[2] / "kombu_events" / "core"
+CORE = Path(__file__).resolve().parents[3] / "kombu_events" / "core"
 
 #: Standard library modules that open sockets, files of other processes or connections.
 FORBIDDEN = ("socket", "ssl", "select", "selectors", "subprocess", "multiprocessing", "http", "urllib.request",

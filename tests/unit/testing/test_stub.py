@@ -31,11 +31,6 @@ FAST = {"delay_unit_ms": 100, "delay_levels": 8, "backoff": Exponential(base_ms=
 
 
 @pytest.fixture
-def app():
-    return celery.Celery("proj", broker="memory://", set_as_current=False)
-
-
-@pytest.fixture
 def events(app, monkeypatch):
     monkeypatch.delenv("AMQP_EVENTS_MAX_RETRIES", raising=False)
     return Events(app, "billing", **FAST)

@@ -1,7 +1,6 @@
 """``publish(..., delay=...)``: where it goes, what it carries, what is refused (no socket: the stub)."""
 from __future__ import annotations
 
-import celery
 import pytest
 
 from kombu_events import ConfigurationError, DelayTooLongError, Events
@@ -9,11 +8,6 @@ from kombu_events.core import wire
 from kombu_events.core.topology import build_topology
 from kombu_events.publishing.publisher import addressed, build_message
 from kombu_events.testing import StubEvents
-
-
-@pytest.fixture
-def app():
-    return celery.Celery("proj", broker="memory://", set_as_current=False)
 
 
 @pytest.fixture

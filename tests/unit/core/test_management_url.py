@@ -21,7 +21,7 @@ from kombu_events.core.config import MANAGEMENT_URL_ENV, Settings, management_ba
 from kombu_events.errors import ConfigurationError
 from kombu_events.ops import status
 
-from .test_status import Connection as StatusConnection
+from ..ops.test_status import Connection as StatusConnection
 
 CONFIGURED = "https://mgmt.example:15671/rabbitmq/"
 

@@ -26,7 +26,7 @@ from kombu_events.publishing.publisher import build_message
 
 from .test_cli_help import COMMANDS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 #: Each command that reports or changes something, and the schema(s) of its --json document.
 SCHEMAS = {
@@ -55,12 +55,6 @@ STANDARD_DOCUMENTS = {("asyncapi",): "an AsyncAPI 3.0 document, --format json or
 SERVERS = {("console",): "the failed-message console"}
 LEAVES = {path: command for path, command in COMMANDS.items()
           if not isinstance(command, click.Group) and path not in STANDARD_DOCUMENTS and path not in SERVERS}
-
-
-@pytest.fixture(autouse=True)
-def _own_sys_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The group callback puts "." on sys.path (as `celery -A` does): not into the test process's."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 def invoke(*args: str):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shlex
-import sys
 from typing import Iterator
 
 import click
@@ -22,12 +21,6 @@ def walk(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[t
 
 COMMANDS = dict(walk(cli))
 PATHS = list(COMMANDS)
-
-
-@pytest.fixture(autouse=True)
-def _own_sys_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The group callback puts "." on sys.path (as `celery -A` does): not into the test process's."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 def help_of(path: tuple[str, ...]) -> str:

@@ -19,7 +19,7 @@ from kombu_events.core.envelope_formats import nservicebus_time, rfc3339
 from kombu_events.core.envelopes import Envelope, EnvelopeError, unwrap
 from kombu_events.errors import DecodeError
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "envelopes"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "envelopes"
 JSON_ONLY = accept_set(["json"])
 UTC = timezone.utc
 CE_STRUCTURED = "application/cloudevents+json; charset=utf-8"

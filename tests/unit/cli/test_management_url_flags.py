@@ -5,7 +5,6 @@ queues has no place for it). No broker: a fake connection and a fake ``urlopen``
 from __future__ import annotations
 
 import json
-import sys
 from contextlib import nullcontext
 from typing import Any
 
@@ -20,7 +19,7 @@ from kombu_events.cli.common import ERROR, OK, schema
 from kombu_events.core.config import MANAGEMENT_URL_ENV
 from kombu_events.ops import status
 
-from .test_management_url import AmqpConnection, FakeUrlopen
+from ..core.test_management_url import AmqpConnection, FakeUrlopen
 
 GUESS = "NOTE: unacked counts from the management API at http://rabbit.example:15672, a guess from the broker's host"
 
@@ -28,7 +27,6 @@ GUESS = "NOTE: unacked counts from the management API at http://rabbit.example:1
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(MANAGEMENT_URL_ENV, raising=False)
-    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 @pytest.fixture

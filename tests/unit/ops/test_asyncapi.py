@@ -486,7 +486,7 @@ def test_the_docs_page_shows_the_tutorial_service_as_tables_and_yaml(tmp_path, m
     from pathlib import Path
 
     monkeypatch.setenv("RABBIT_URL", f"amqp://{USER}:{PASSWORD}@elsewhere//")  # left out: the page is the same
-    path = Path(__file__).resolve().parents[2] / "docs" / "_tools" / "asyncapi_page.py"
+    path = Path(__file__).resolve().parents[3] / "docs" / "_tools" / "asyncapi_page.py"
     spec = importlib.util.spec_from_file_location("asyncapi_page", path)
     assert spec is not None and spec.loader is not None
     tool = importlib.util.module_from_spec(spec)
