@@ -45,6 +45,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-n", type=int, default=20_000, help="messages per run (default %(default)s)")
     p.add_argument("--scenarios", default="events-solo,events-prefork",
                    help=f"comma-separated rows (default %(default)s) of: {', '.join(COMPARABLE)}")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run each row's baseline (raw kombu, events-solo...) once per round, between the trees, "
+                        "and print each tree's same-run ratio to it")
+    p.add_argument("--with", dest="also", default="",
+                   help="other rows to run once per round with the baselines (e.g. raw-pika,celery-prefork); "
+                        "each tree's rows are shown as ratios to them too")
     p.add_argument("--broker", default=DEFAULT_URL, help="AMQP URL (default: %(default)s)")
     p.add_argument("--keep", action="store_true", help="keep the per-run directories (logs, probe files)")
     a = p.parse_args(argv)
@@ -85,9 +91,27 @@ def summary(key: str, runs: dict[str, list[Run]]) -> str:
             f"  after/before {ratio:.2f}x (per round: {' '.join(f'{r:.2f}x' for r in rounds)}); {verdict}")
 
 
+def ratios(rows: list[suite.Row], results: dict[str, dict[str, list[Run]]], base: dict[str, list[Run]]) -> None:
+    """Each tree's same-run ratio of a row to its baseline: of the medians, and per round."""
+    for row in rows:
+        for tree in TREES:
+            key = row.baseline or ""
+            theirs, mine = base.get(key) or results.get(key, {}).get(tree), results[row.key][tree]
+            if not theirs or any(r.error for r in mine + theirs):
+                continue
+            mid = statistics.median(r.value for r in mine) / statistics.median(r.value for r in theirs)
+            each = " ".join(f"{m.value / t.value:.2f}x" for m, t in zip(mine, theirs))
+            print(f"  {row.key} / {key}, {tree:<6}: {mid:.2f}x of the medians (per round: {each})")
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     rows = [r for key in a.scenarios for r in suite.ROWS if r.key == key]
+    baselines = sorted({r.baseline for r in rows if a.baseline and r.baseline and r.baseline not in a.scenarios})
+    also = [k.strip() for k in a.also.split(",") if k.strip()]
+    baselines += [k for k in also if k not in baselines]
+    base_rows = [r for r in suite.ROWS if r.key in baselines and r.key not in COMPARABLE]
+    base: dict[str, list[Run]] = {r.key: [] for r in base_rows}
     trees = {"before": a.before, "after": a.after}
     workdir = Path(tempfile.mkdtemp(prefix="kebench-"))
     ctx = Context(url=a.broker, out=workdir, n=a.n)
@@ -99,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rnd in range(1, a.rounds + 1):
             order = TREES if rnd % 2 else TREES[::-1]  # before-after, after-before, ...: linear drift cancels
+            for row in base_rows:  # not an events worker: the same for both trees
+                base[row.key].append(row.attempt(ctx))
+                shown = base[row.key][-1].error or f"{base[row.key][-1].value:,.0f} msgs/s"
+                print(f"[{rnd}/{a.rounds}] {row.key:<16} {'both':<6} {shown}", flush=True)
             for row in rows:
                 for name in order:
                     ctx.tree = trees[name]
@@ -117,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     for key, runs in results.items():
         if all(runs[t] for t in TREES):
             print(summary(key, runs))
+    if a.baseline:
+        print("same-run ratios:")
+        ratios(rows, results, base)
+        for key in also:
+            ratios([suite.Row(r.key, r.group, r.label, r.unit, r.run, key) for r in rows if r.key.startswith("events")],
+                   results, base)
     if a.keep:
         print(f"\nlogs in {workdir}")
     else:

@@ -175,14 +175,14 @@ def _measure(consumer: Consumer, out: Path, n: int, acks: int, fails: bool, prog
     return Run(n / (last_ack - probe.first), n, peak)
 
 
-def raw_consumer(ctx: Context) -> Run:
-    """Baseline: raw kombu consumer, prefetch 100, manual ack."""
-    out, queue = ctx.directory("raw"), ctx.name("raw")
+def raw_consumer(ctx: Context, module: str = "raw_consumer") -> Run:
+    """Baseline: raw kombu consumer (``module="raw_pika"``: pika), prefetch 100, manual ack."""
+    out, queue = ctx.directory(module), ctx.name("raw")
     try:
         broker.declare_queue(ctx.url, queue, ctx.exchange, routing_key=queue)
         return _throughput(
             ctx, out,
-            lambda: Consumer(["-m", "benchmarks.raw_consumer", ctx.url, queue], _env(out, ctx.n, ctx.n), out, "raw"),
+            lambda: Consumer(["-m", f"benchmarks.{module}", ctx.url, queue], _env(out, ctx.n, ctx.n), out, "raw"),
             lambda: broker.publish(ctx.url, broker.event_messages(ctx.exchange, [queue], ctx.n)),
             [queue], ctx.n)
     finally:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from benchmarks import scenarios as s
@@ -36,13 +37,15 @@ class Row:
 
 ROWS: tuple[Row, ...] = (
     Row("raw", "1 baselines", "raw kombu consumer, prefetch 100, manual ack", "msgs/s", s.raw_consumer),
+    Row("raw-pika", "1 baselines", "raw pika consumer, prefetch 100, manual ack (needs pika)", "msgs/s",
+        partial(s.raw_consumer, module="raw_pika"), "raw"),
     Row("celery-solo", "1 baselines", "Celery no-op tasks, acks_late, solo", "msgs/s", s.celery_tasks("solo", 1)),
     Row("celery-prefork", "1 baselines", "Celery no-op tasks, acks_late, prefork -c 2", "msgs/s",
         s.celery_tasks("prefork", 2)),
-    Row("events-solo", "2 success", "events no-op handler, solo", "msgs/s", s.events_consumer("solo", 1),
-        "raw", 0.85),
+    Row("events-solo", "2 success", "events no-op handler, solo, prefetch 100", "msgs/s",
+        s.events_consumer("solo", 1, prefetch=100), "raw", 1.3),
     Row("events-prefork", "2 success", "events no-op handler, prefork -c 2 (batched hand-off)", "msgs/s",
-        s.events_consumer("prefork", 2), "raw", 0.6),
+        s.events_consumer("prefork", 2), "raw", 1.0),
     Row("traced-solo", "2 success", "events no-op handler, solo, with TracingMiddleware (SDK, batched)", "msgs/s",
         s.events_consumer("solo", 1, tracing=1), "events-solo", 0.9),
     Row("events-metrics", "2 success", "events no-op handler, solo, with metrics (--events-metrics-port)",
@@ -61,9 +64,9 @@ ROWS: tuple[Row, ...] = (
     Row("pub-batch", "3 publish", "events.publish_many, batches of {batch}", "msgs/s", s.publisher("batch"),
         "pub-events", 5.0),
     Row("retry-solo", "4 retry", "events fail once then succeed, solo", "msgs/s",
-        s.events_consumer("solo", 1, mode="fail_once"), "events-solo", 0.5),
+        s.events_consumer("solo", 1, mode="fail_once"), "events-solo", 0.4),
     Row("retry-prefork", "4 retry", "events fail once then succeed, prefork -c 2", "msgs/s",
-        s.events_consumer("prefork", 2, mode="fail_once"), "events-prefork", 0.5),
+        s.events_consumer("prefork", 2, mode="fail_once"), "events-prefork", 0.4),
     Row("rss-celery", "4 retry", "Celery self.retry(countdown), RSS growth, {n_wait} waiting, prefork -c 2", "MiB",
         s.celery_countdown_rss()),
     Row("rss-events", "4 retry", "events Retry(delay), RSS growth, {n_wait} waiting in the ladder, prefork -c 2",

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .core.backoff import Constant, Exponential
+from .core.batch import BatchOf
 from .core.breaker import CircuitBreaker
 from .core.decision import DEFERRED, Outcome
 from .core.delivery import Delivery
@@ -12,6 +13,7 @@ from .errors import (
     Archive,
     BacklogError,
     BacklogFullError,
+    BatchFailed,
     BrokerUnavailableError,
     ConfigurationError,
     ConfirmTimeoutError,
@@ -21,6 +23,7 @@ from .errors import (
     HeaderError,
     InvalidPayload,
     KombuEventsError,
+    PluginMissingError,
     Poisoned,
     PublishError,
     Retry,
@@ -36,11 +39,11 @@ from .publishing.published import Published
 from .version import __version__ as __version__
 
 __all__ = [
-    "Events", "Event", "Retry", "Archive", "Poisoned", "poisonous", "Exponential", "Constant",
+    "Events", "Event", "Retry", "Archive", "Poisoned", "poisonous", "BatchOf", "BatchFailed", "Exponential", "Constant",
     "Middleware", "Delivery", "Outcome", "DEFERRED", "Step", "HeaderError", "CircuitBreaker", "Healthy",
     "Degraded", "Unhealthy",
     "Published", "Backlog", "PublisherCheck",
-    "KombuEventsError", "ConfigurationError", "DelayTooLongError", "TopologyConflictError",
+    "KombuEventsError", "ConfigurationError", "DelayTooLongError", "TopologyConflictError", "PluginMissingError",
     "PublishError", "UnroutableError", "ConfirmTimeoutError", "BrokerUnavailableError", "BacklogError",
     "BacklogFullError",
     "DecodeError", "EncodeError", "InvalidPayload",

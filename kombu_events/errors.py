@@ -7,9 +7,11 @@ __all__ = [
     "Archive",
     "Poisoned",
     "poisonous",
+    "BatchFailed",
     "seconds_to_ms",
     "KombuEventsError",
     "ConfigurationError",
+    "PluginMissingError",
     "DelayTooLongError",
     "TopologyConflictError",
     "TopologyMissingError",
@@ -29,7 +31,7 @@ __all__ = [
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
-from typing import Iterator
+from typing import Iterator, Mapping
 
 
 class KombuEventsError(Exception):
@@ -51,6 +53,11 @@ class TopologyConflictError(KombuEventsError):
         super().__init__(message)
         self.entity = entity
         self.argument = argument
+
+
+class PluginMissingError(KombuEventsError):
+    """The topology needs a RabbitMQ plugin the broker has not enabled (an ordered handler's consistent-hash
+    exchange); the message names it and the command that enables it."""
 
 
 class TopologyMissingError(KombuEventsError):
@@ -198,6 +205,22 @@ class Archive(Exception):
 
 class Poisoned(Archive):
     """A ``poisonous()`` section raised: retrying would fail the same way."""
+
+
+class BatchFailed(Exception):
+    """Raised by a batch handler: the events at these indices (of the list it got) failed, the others succeeded.
+
+    ``BatchFailed({3: ValueError("bad sku"), 7: Retry(60)})``: each failed event is settled by
+    its own exception, as if a handler of one event had raised it (retried, or archived by
+    ``Archive``, ``dont_retry``...). Any other exception from a batch handler fails every event.
+    """
+
+    def __init__(self, failures: Mapping[int, BaseException], reason: str = "") -> None:
+        for index, failure in failures.items():
+            if isinstance(index, bool) or not isinstance(index, int) or not isinstance(failure, BaseException):
+                raise TypeError(f"BatchFailed takes {{index: exception}}, got {index!r}: {failure!r}")
+        super().__init__(reason or f"{len(failures)} event(s) of the batch failed: indices {sorted(failures)}")
+        self.failures = dict(failures)
 
 
 @contextmanager

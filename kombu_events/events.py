@@ -11,14 +11,17 @@ from typing import Any, Callable, Iterable, Literal, Mapping, TypeVar
 from . import registry
 from .core import names
 from .core.backoff import Backoff
+from .core.batch import BatchOf
 from .core.breaker import CircuitBreaker
 from .core.codec import accept_set
 from .core.config import Settings, broker_url, check_setting_names, resolve_settings
 from .core.contracts import Publication
-from .core.handlers import Handler, HandlerSpec, handler_options
+from .core.handlers import Handler, HandlerSpec, handler_options, partitioned
 from .core.health import HealthCheck
+from .core.ordering import check_key
 from .core.schedule import Schedule
 from .core.topology import Topology, build_topology
+from .core.wire import ORDER_KEY
 from .database import Backend, Inbox, Outbox, backend_for
 from .errors import ConfigurationError
 from .middleware.base import Hooks, Middleware
@@ -137,7 +140,10 @@ class Events:
         type: str | None = None,
         publishers: Iterable[str] | None = None,
         once: bool | Callable[[Any], str] = False,
-        concurrency: int | None = None,
+        concurrency: int | None = None, batch: BatchOf | None = None,
+        ordered_by: str | None = None,
+        partitions: int | None = None,
+        hold_failures: bool = True,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Decorator: call the function for every event whose routing key matches ``binding_keys``.
 
@@ -156,7 +162,8 @@ class Events:
             binding_keys, queue=queue, name=name, max_retries=max_retries, backoff=backoff, retry_for=retry_for,
             dont_retry=dont_retry, bind=bind, raw=raw, circuit_breaker=circuit_breaker, prefetch=prefetch,
             single_active_consumer=single_active_consumer, message_type=type, publishers=publishers, once=once,
-            concurrency=concurrency)
+            concurrency=concurrency, batch=batch, ordered_by=ordered_by, partitions=partitions,
+            hold_failures=hold_failures)
         if once:
             self._add_inbox()
 
@@ -172,7 +179,8 @@ class Events:
         """The registered handlers, resolved against the settings (validated, names unique);
         each periodic schedule is one too, of its token queue."""
         if self._handlers is None:
-            registered = tuple(spec.resolve(self.service, self.settings) for spec in self._specs)
+            registered = tuple(partition for spec in self._specs
+                               for partition in partitioned(spec.resolve(self.service, self.settings)))
             self._handlers = registered + self._schedules.handlers()
             seen: dict[str, str] = {}
             for h in self._handlers:
@@ -278,6 +286,7 @@ class Events:
     def publish(
         self, routing_key: str, payload: Any, *, headers: Mapping[str, Any] | None = None,
         message_id: str | None = None, correlation_id: str | None = None, delay: float = 0, using: Any = None,
+        key: str | None = None,
     ) -> Published:
         """Publish one JSON event to the events exchange; return its ``message_id`` (a :class:`Published`).
 
@@ -297,7 +306,12 @@ class Events:
         ``transaction.atomic()`` block; SQLAlchemy: the Session or Connection given as ``using=``,
         or a ``once=True`` handler's own) the event is written to the outbox in that transaction
         instead (``stored_locally`` True) and the relay publishes it after the commit.
+
+        ``key``: the key a handler ordered by ``"key"`` orders by (the ``kombu-events-key`` header, which a
+        publisher in any language may set instead): events of one key are handled in publish order.
         """
+        if key is not None:
+            headers = {**(headers or {}), ORDER_KEY: check_key(key)}
         if self.outbox is not None:
             transaction = self.outbox.transaction(using)
             if transaction is not None:

@@ -153,9 +153,22 @@ def _check_code() -> None:
         raise ImportError(f"kombu_events imported from {code}, not from KEB_TREE={tree}")
 
 
+def _profile(path: str) -> None:
+    """``KEB_PROFILE=FILE``: profile the worker's main process (cProfile), written to FILE at its shutdown."""
+    import cProfile
+
+    from celery import signals
+
+    profile = cProfile.Profile()
+    profile.enable()
+    signals.worker_shutdown.connect(lambda **_: profile.dump_stats(path), weak=False)
+
+
 if "KEB_SERVICE" in os.environ:  # imported by the worker
     _check_code()
     probe.install()
+    if os.environ.get("KEB_PROFILE"):
+        _profile(os.environ["KEB_PROFILE"])
     app = make_app("kebench", os.environ["KEB_BROKER"], os.environ["KEB_TASKQ"])
     events = build(app, service=os.environ["KEB_SERVICE"], exchange=os.environ["KEB_EXCHANGE"],
                    mode=os.environ.get("KEB_MODE", "noop"), queues=int(os.environ.get("KEB_QUEUES", "1")),

@@ -7,7 +7,7 @@ channel of the caller's) and the exchanges it lacks (:func:`absent_exchanges`).
 from __future__ import annotations
 
 __all__ = ["declare", "declare_queue", "tolerated", "conflict_error", "QueueCounts", "queue_counts", "peek_queues",
-           "peek_queue", "absent_exchanges", "close_quietly", "open_archive", "log_legacy_archive",
+           "peek_queue", "absent_exchanges", "close_quietly", "open_archive", "log_legacy_archive", "require_plugins",
            "ARCHIVE_RETENTION"]
 
 import logging
@@ -15,12 +15,13 @@ import re
 from typing import Any, Callable, Iterable, NamedTuple, TypeVar
 
 from amqp import Message
-from amqp.exceptions import NotFound, PreconditionFailed
+from amqp.exceptions import InvalidCommand, NotFound, PreconditionFailed
 from kombu import Exchange, Queue
 
+from ..core import ordering
 from ..core.archive_records import OPENED, settlement_record
 from ..core.topology import TYPE_ARGUMENTS, Topology
-from ..errors import TopologyConflictError
+from ..errors import PluginMissingError, TopologyConflictError
 from .confirms import Confirmer
 from .streams import NotAStreamError, last_chunk_offset
 
@@ -54,6 +55,7 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
     A queue that exists with other arguments is a TopologyConflictError, except where
     :func:`tolerated` says the difference is one kombu-events accepts (then it is kept as it is).
     """
+    require_plugins(topology, connection)
     channel = connection.channel()
     try:
         counts = {"exchanges": 0, "queues": 0, "bindings": 0, "exchange_bindings": 0}
@@ -85,6 +87,31 @@ def declare(topology: Topology, connection: Any) -> dict[str, int]:
         return counts
     finally:
         close_quietly(channel)  # a failed declare already closed it
+
+
+def require_plugins(topology: Topology, connection: Any) -> None:
+    """PluginMissingError unless the broker has the exchange types ``topology`` needs (an ordered handler's
+    consistent-hash exchange). Declared first on a connection of their own: an unknown exchange type is a
+    connection error, which would end the caller's connection (a worker's: Celery's own)."""
+    hashed = [exchange for exchange in topology.exchanges if exchange.type == ordering.HASH_EXCHANGE_TYPE]
+    if not hashed:
+        return
+    probe = connection.clone()
+    try:
+        channel = probe.channel()
+        for exchange in hashed:
+            try:
+                _guard("exchange", exchange.name, exchange.bind(channel).declare)
+            except InvalidCommand as exc:
+                if "unknown exchange type" not in str(exc):
+                    raise
+                raise PluginMissingError(
+                    f"exchange {exchange.name!r} of an ordered handler (ordered_by=, partitions=) needs RabbitMQ's "
+                    f"{ordering.PLUGIN} plugin, which this broker has not enabled: run `rabbitmq-plugins enable "
+                    f"{ordering.PLUGIN}` on every node of the cluster (it ships with RabbitMQ), then start the "
+                    f"worker again (docs/ordering.md)") from None
+    finally:
+        probe.release()
 
 
 def tolerated(topology: Topology, queue: str) -> frozenset[str]:

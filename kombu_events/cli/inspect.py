@@ -65,6 +65,7 @@ def status(obj: Context, as_json: bool, max_archive: int | None, management_url:
             cells = ["-" if v is None else str(v) for v in (r.ready, r.unacked, r.consumers)]
             name = r.queue if r.exists else f"{r.queue} (missing)"
             state = "PAUSED (no consumer)" if r.state == PAUSED else (r.state or "")
+            state += f" (active: {r.holder})" if r.holder else ""
             click.echo(f"{name:<48} {r.role:<8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>9}  {state}".rstrip())
     for r in rows:
         if r.state == PAUSED:

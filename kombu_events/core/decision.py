@@ -120,7 +120,7 @@ def retry_delay_ms(outcome: Outcome, *, attempt: int, backoff: Backoff, lost_del
     """How long a retry waits before attempt ``attempt + 1``: the one place that chooses it.
 
     The handler's ``Retry(delay=...)`` wins; a lost pool process waits ``lost_delay_ms`` (the
-    ladder's unit); any other failure waits what the handler's ``backoff`` (:mod:`kombu_events.core.backoff`)
+    ladder's unit); any other failure waits what the handler's ``backoff`` (``kombu_events.core.backoff``)
     says for this attempt. :func:`decide` archives a delay the ladder cannot hold; the ladder
     rounds the rest to its unit (:meth:`kombu_events.core.topology.Topology.address`).
     """

@@ -6,15 +6,17 @@ __all__ = ["Handler", "HandlerSpec", "validate_binding_key", "check_runnable", "
 
 import functools
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from ..errors import ConfigurationError
 from . import names
 from .backoff import Backoff
+from .batch import BatchOf, batch_contract, check_batch
 from .breaker import CircuitBreaker
 from .contracts import Contract, contract_for
 from .names import MAX_NAME_BYTES
+from .ordering import Ordering, check_hold, check_ordering
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -52,6 +54,13 @@ class Handler:
     once: bool | Callable[[Any], str] = False
     #: At most this many calls of the handler at once in a worker, across its pool (None: as many as the pool runs).
     concurrency: int | None = None
+    #: A batch handler (docs/batching.md): it gets a list of up to ``batch.max`` events per call.
+    batch: BatchOf | None = None
+    #: An ordered handler's ordering (docs/ordering.md); each of its partitions is a Handler of its own.
+    ordering: Ordering | None = None
+    #: A partition's ordered handler queue (the name of its consistent-hash exchange's source) and its index.
+    partition_of: str | None = None
+    partition: int | None = None
 
 
 def validate_binding_key(key: object) -> str:
@@ -222,7 +231,8 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
                     max_retries: int | None, backoff: Backoff | None, retry_for: Any, dont_retry: Any, bind: bool,
                     raw: bool, circuit_breaker: CircuitBreaker | Literal[False] | None, prefetch: int | None,
                     single_active_consumer: bool, message_type: str | None = None, publishers: Any = None,
-                    once: Any = False, concurrency: Any = None) -> tuple[tuple[str, ...], dict[str, Any]]:
+                    once: Any = False, concurrency: Any = None, batch: Any = None, ordered_by: Any = None,
+                    partitions: Any = None, hold_failures: Any = True) -> tuple[tuple[str, ...], dict[str, Any]]:
     """What ``@events.handler(...)`` was given, checked before any function: (binding keys, options).
 
     With ``type=`` and no binding key the queue is bound with ``#``: the type picks the events.
@@ -243,6 +253,8 @@ def handler_options(binding_keys: tuple[str, ...], *, queue: str | None, name: s
         "prefetch": check_prefetch(prefetch), "single_active_consumer": bool(single_active_consumer),
         "message_type": message_type, "publishers": check_publishers(publishers), "once": check_once(once),
         "concurrency": check_concurrency(concurrency),
+        "batch": check_batch(batch, once=once, concurrency=concurrency, ordered_by=ordered_by),
+        "ordering": check_ordering(ordered_by, partitions, hold_failures),
     }
     if circuit_breaker is None:
         del options["circuit_breaker"]  # the service's default, read with the settings
@@ -268,7 +280,8 @@ class HandlerSpec:
         run or not: a generator function, a class, or one that cannot take the argument is refused at import time;
         so is an annotation pydantic cannot validate (or any, without pydantic).
         """
-        argument, parameter = handler_argument(bind=options["bind"], raw=options["raw"])
+        batch = options.get("batch")
+        argument, parameter = handler_argument(bind=options["bind"], raw=options["raw"], batch=batch is not None)
         if options.get("once") and _is_async(fn):
             raise ConfigurationError(
                 f"handler {_describe(fn)} is an async def function with once=True: the inbox runs the handler "
@@ -277,7 +290,8 @@ class HandlerSpec:
         check_runnable(fn, role="handler", argument=argument, parameter=parameter, awaited=True)
         if options["name"] is None and not isinstance(getattr(fn, "__name__", None), str):
             raise ConfigurationError(f"handler {fn!r} has no __name__ to name its queue after: pass name=")
-        contract = contract_for(fn, bind=options["bind"], raw=options["raw"], where=f"handler {_describe(fn)}")
+        contract_of = contract_for if batch is None else batch_contract
+        contract = contract_of(fn, bind=options["bind"], raw=options["raw"], where=f"handler {_describe(fn)}")
         return cls(fn, binding_keys, options, contract)
 
     def resolve(self, service: str, s: Settings) -> Handler:
@@ -302,17 +316,43 @@ class HandlerSpec:
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 10_000:
             raise ConfigurationError(
                 f"max_retries of handler {name!r} must be an integer within 0 .. 10000, got {max_retries!r}")
+        check_hold(name, o.get("ordering"), max_retries=max_retries, backoff=backoff)
         return Handler(fn=self.fn, name=name, queue=queue, binding_keys=self.binding_keys,
                        max_retries=max_retries, backoff=backoff, retry_for=o["retry_for"],
                        dont_retry=o["dont_retry"], bind=o["bind"], raw=o["raw"],
-                       circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=o["prefetch"],
+                       circuit_breaker=o.get("circuit_breaker", s.circuit_breaker), prefetch=_prefetch(o),
                        single_active_consumer=o["single_active_consumer"], contract=self.contract,
                        message_type=o.get("message_type"), publishers=o.get("publishers"),
-                       once=o.get("once", False), concurrency=o.get("concurrency"))
+                       once=o.get("once", False), concurrency=o.get("concurrency"), batch=o.get("batch"),
+                       ordering=o.get("ordering"))
 
 
-def handler_argument(*, bind: bool, raw: bool) -> tuple[str, str]:
+def partitioned(handler: Handler) -> tuple[Handler, ...]:
+    """An ordered handler as its partitions, each a handler of its own queue (one event in flight, one active
+    consumer in the fleet: docs/ordering.md); any other handler as itself."""
+    ordering = handler.ordering
+    if ordering is None:
+        return (handler,)
+    return tuple(replace(handler, queue=names.partition_queue(handler.queue, index, ordering.partitions),
+                         prefetch=1, single_active_consumer=True, partition_of=handler.queue, partition=index)
+                 for index in range(ordering.partitions))
+
+
+def _prefetch(options: dict[str, Any]) -> int | None:
+    """A handler's prefetch: a batch handler's is at least its ``batch.max`` (so that a full batch can arrive);
+    unset, twice that (the next batch gathers while one runs), at most 65535."""
+    prefetch: int | None = options["prefetch"]
+    batch: BatchOf | None = options.get("batch")
+    if batch is None:
+        return prefetch
+    return max(prefetch, batch.max) if prefetch is not None else min(65_535, 2 * batch.max)
+
+
+def handler_argument(*, bind: bool, raw: bool, batch: bool = False) -> tuple[str, str]:
     """What the worker passes a handler, and the parameter name an error message suggests for it."""
+    if batch:
+        what = "Events" if bind else "body bytes" if raw else "payloads"
+        return f"a list of {what}, as batch=", "events"
     if bind:
         return "an Event, as bind=True", "event"
     if raw:

@@ -5,6 +5,8 @@ __all__ = [
     "MAX_NAME_BYTES",
     "validate_name",
     "handler_queue",
+    "partition_exchange",
+    "partition_queue",
     "delay_name",
     "delay_prefix",
     "delivery_exchange",
@@ -51,6 +53,18 @@ def validate_name(setting: str, value: object, *, max_bytes: int = MAX_NAME_BYTE
 def handler_queue(service: str, handler_name: str) -> str:
     """Default queue of a handler: ``<service>.<handler name>``."""
     return f"{service}.{handler_name}"
+
+
+def partition_exchange(queue: str) -> str:
+    """The consistent-hash exchange that spreads an ordered handler's events over its partitions:
+    ``<handler queue>.partitions``."""
+    return f"{queue}.partitions"
+
+
+def partition_queue(queue: str, index: int, partitions: int) -> str:
+    """Partition ``index`` of an ordered handler's ``partitions``: ``<handler queue>.p<index>``, zero-padded so
+    that the partitions sort in order (``orders.p00`` .. ``orders.p15``)."""
+    return f"{queue}.p{index:0{len(str(partitions - 1))}d}"
 
 
 def delay_name(service: str, level: int) -> str:

@@ -9,7 +9,7 @@ the message is held, unacked and visible, rather than dropped.
 """
 from __future__ import annotations
 
-__all__ = ["Ack", "Republish", "Hold", "Step", "plan", "archive_step", "ACK"]
+__all__ = ["Ack", "Republish", "Hold", "Rerun", "Step", "plan", "archive_step", "ACK"]
 
 import random
 from dataclasses import dataclass, field
@@ -58,7 +58,17 @@ class Republish:
     if_refused: Callable[[str], Step] = field(default=lambda why: Hold(why), repr=False, compare=False)
 
 
-Step = Union[Ack, Republish, Hold]
+@dataclass(frozen=True)
+class Rerun:
+    """Keep the message (unacked) and run its handler again after ``delay_ms``, with the next attempt: the retry
+    of an ordered handler whose failing event holds its partition (``hold_failures=True``, docs/ordering.md)."""
+
+    action: ClassVar[str] = "rerun"
+    delay_ms: float = 0
+    reason: str = ""
+
+
+Step = Union[Ack, Republish, Hold, Rerun]
 
 ACK = Ack()
 
@@ -72,8 +82,13 @@ def plan(
     topology: Topology,
     userid: str | None = None,
     rand: Callable[[], float] = random.random,
+    hold: bool = False,
 ) -> Step:
-    """The first step that settles ``delivery`` after its attempt ended with ``outcome``."""
+    """The first step that settles ``delivery`` after its attempt ended with ``outcome``.
+
+    ``hold``: a retry (or a requeue) runs the handler again in place, after the same delay (:class:`Rerun`),
+    instead of going through the ladder while later messages of the queue pass it.
+    """
     settings = topology.settings
     redeliveries = delivery.redeliveries + (outcome.kind == REDELIVERED)
     decision = decide(outcome, attempt=delivery.attempt, max_retries=max_retries, backoff=backoff,
@@ -83,6 +98,8 @@ def plan(
         return ACK
     if decision.action == "archive":
         return archive_step(delivery, outcome, decision.reason, topology=topology, userid=userid)
+    if hold:
+        return Rerun(decision.delay_ms, decision.reason)
     if decision.action == "retry":
         headers = wire.retry_headers(delivery.headers, attempt=delivery.attempt, routing_key=delivery.routing_key,
                                      error=outcome.exception or decision.reason)

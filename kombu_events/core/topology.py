@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 from kombu import Exchange, Queue, binding
 
 from ..errors import DelayTooLongError
-from . import ladder, names
+from . import ladder, names, ordering
 from .config import Settings
 from .handlers import Handler
 
@@ -171,12 +171,41 @@ def _handler_queue(settings: Settings, handler: Handler, events: Exchange, deliv
         args["x-single-active-consumer"] = True
     if handler.expires_ms is not None:
         args["x-expires"] = handler.expires_ms
+    if handler.partition_of is not None:  # a partition: what its consistent-hash exchange routes here, weight 1
+        bindings = [binding(_hash_exchange(handler), routing_key="1")]
+        bindings.append(binding(delivery, routing_key=ladder.delivery_pattern(levels=levels, queue=handler.queue)))
+        return Queue(handler.queue, bindings=bindings, durable=True, queue_arguments=args)
     bindings = [binding(events, routing_key=key) for key in handler.binding_keys]
     bindings.append(binding(delivery, routing_key=ladder.delivery_pattern(levels=levels, queue=handler.queue)))
     if due is not None:  # delayed events come due here with one word per level before their own key
         bindings += [binding(due, routing_key=ladder.delivery_pattern(levels=settings.publish_delay_levels,
                                                                       queue=key)) for key in handler.binding_keys]
     return Queue(handler.queue, bindings=bindings, durable=True, queue_arguments=args)
+
+
+def _partition_exchanges(settings: Settings, handlers: Iterable[Handler], events: Exchange,
+                         due: Exchange | None) -> tuple[list[Exchange], list[ExchangeBinding]]:
+    """Each ordered handler's consistent-hash exchange, bound to the events exchange with the handler's binding
+    keys (and to the due exchange for delayed events), which its partitions are bound to (docs/ordering.md)."""
+    exchanges: dict[str, Exchange] = {}
+    links: list[ExchangeBinding] = []
+    for handler in handlers:
+        if handler.partition_of is None or handler.partition_of in exchanges:
+            continue
+        exchange = exchanges[handler.partition_of] = _hash_exchange(handler)
+        links += [ExchangeBinding(exchange, events, key) for key in handler.binding_keys]
+        if due is not None:
+            links += [ExchangeBinding(exchange, due, ladder.delivery_pattern(levels=settings.publish_delay_levels,
+                                                                              queue=key))
+                      for key in handler.binding_keys]
+    return list(exchanges.values()), links
+
+
+def _hash_exchange(partition: Handler) -> Exchange:
+    """The consistent-hash exchange of an ordered handler's ``partition`` (of any of them: one per handler)."""
+    assert partition.partition_of is not None and partition.ordering is not None
+    return Exchange(names.partition_exchange(partition.partition_of), ordering.HASH_EXCHANGE_TYPE, durable=True,
+                    arguments=partition.ordering.exchange_arguments())
 
 
 def _ladder(settings: Settings, bottom: Exchange, *, levels: int, unit_ms: int,
@@ -265,7 +294,9 @@ def build_topology(settings: Settings, handlers: Iterable[Handler], schedules: I
     delivery = Exchange(names.delivery_exchange(settings.service), "topic", durable=True)
     due = _due_exchange(settings) if settings.publish_delay_levels else None
     shared_exchanges, shared_queues, shared_links = _deferred(settings, due) if due else ([], [], [])
+    handlers = tuple(handlers)
     handler_queues = [_handler_queue(settings, h, events, delivery, due) for h in handlers]
+    hash_exchanges, hash_links = _partition_exchanges(settings, handlers, events, due)
     level_exchanges, level_queues, links = _ladder(
         settings, delivery, levels=settings.delay_levels, unit_ms=settings.delay_unit_ms,
         name=lambda level: names.delay_name(settings.service, level))
@@ -273,7 +304,7 @@ def build_topology(settings: Settings, handlers: Iterable[Handler], schedules: I
     state_queues = [_state_queue(settings, schedule) for schedule in schedules]
     return Topology(
         settings=settings,
-        exchanges=(events, *level_exchanges, delivery, archive_exchange, *shared_exchanges),
+        exchanges=(events, *hash_exchanges, *level_exchanges, delivery, archive_exchange, *shared_exchanges),
         queues=(*handler_queues, *level_queues, archive_queue, *state_queues, *shared_queues),
-        exchange_bindings=(*links, *shared_links),
+        exchange_bindings=(*hash_links, *links, *shared_links),
     )

@@ -11,7 +11,7 @@ __all__ = [
     "REASON", "EXCEPTION", "TRACEBACK", "ARCHIVED_AT",
     "REDELIVERIES", "EXPIRATION", "attempt_of", "redeliveries_of", "original_routing_key", "retry_headers",
     "requeue_headers", "archive_headers", "replay_headers", "republish_properties", "UNREADABLE_HEADERS",
-    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "PACKED_HEADERS",
+    "DROPPED_HEADERS", "DELIVERY_COUNT", "ARCHIVE_KEY", "REPLAY_OF", "SETTLEMENT", "PACKED_HEADERS", "ORDER_KEY",
     "new_archive_key", "as_sent", "Undecoded",
 ]
 
@@ -39,6 +39,7 @@ ARCHIVE_KEY = PREFIX + "archive-key"  # unique per archived copy: what replay an
 REPLAY_OF = PREFIX + "replay-of"  # on a replayed copy: the archive key it was replayed from
 SETTLEMENT = PREFIX + "settlement"  # on an archive record that settles archived copies (replayed, purged)
 PACKED_HEADERS = PREFIX + "amqp-headers"  # an archived copy's whole header table, packed (a stream drops some)
+ORDER_KEY = PREFIX + "key"  # the key an ordered handler (ordered_by="key") orders by; publish(..., key=) sets it
 
 #: The basic properties a republished copy carries over (a decoder may add other keys).
 _PROPERTIES = ("content_type", "content_encoding", "delivery_mode", "priority", "correlation_id", "reply_to",

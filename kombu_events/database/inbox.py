@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from ..core.event import Event
 from ..core.logs import escape_controls
-from ..errors import Archive, KombuEventsError, Retry
+from ..errors import Archive, BatchFailed, KombuEventsError, Retry
 from ..middleware.base import Handled, Middleware
 from . import backends, schema
 from .backends import Backend, Transaction
@@ -48,6 +48,19 @@ class Inbox(Middleware):
         except Exception as exc:  # running the handler without its key would not be once: never do that
             raise Archive(f"no inbox key for this event: {type(exc).__name__}: {exc}") from exc
         return _Once(self.backend, event.queue, key)
+
+    def handling_batch(self, events: list[Event[Any]]) -> AbstractContextManager[Any] | None:
+        """A batch handler's call: one transaction, one inbox row per event; those handled before are left out."""
+        if self._once is None:
+            self._once = dict(self._once_by_queue())
+        once = self._once.get(events[0].queue) if events else None
+        if not once:
+            return nullcontext()
+        try:
+            keys = [schema.dedup_key(once, event) for event in events]
+        except Exception as exc:
+            raise Archive(f"no inbox key for an event of this batch: {type(exc).__name__}: {exc}") from exc
+        return _OnceBatch(self.backend, events[0].queue, keys)
 
     def __repr__(self) -> str:
         return f"<Inbox {self.backend.name}>"
@@ -96,6 +109,50 @@ class _Once:
             transaction.commit()
         except Exception as error:  # not committed (or not known to be): the retry finds out from the inbox
             raise _retry("committing", self, error) from error
+
+
+class _OnceBatch(_Once):
+    """One call of a batch handler in a transaction with the inbox row of each of its events."""
+
+    def __init__(self, backend: Backend, queue: str, keys: list[str]) -> None:
+        super().__init__(backend, queue, f"{len(keys)} events")
+        self.keys = keys
+        self.handled: set[int] = set()
+
+    def __enter__(self) -> set[int]:  # type: ignore[override]
+        try:
+            transaction = self.backend.begin()
+        except Exception as exc:
+            raise _retry("beginning a transaction", self, exc) from exc
+        try:
+            for index, key in enumerate(self.keys):
+                inserted, _ = transaction.execute(schema.insert_inbox(),
+                                                  {"queue": self.queue, "key": key, "now": time.time()})
+                if inserted != 1:  # handled before (or twice in this batch): left out, acked
+                    self.handled.add(index)
+        except Exception as exc:
+            _quietly(transaction.rollback)
+            raise _retry("inserting its inbox rows", self, exc) from exc
+        if self.handled:
+            logger.info("kombu-events: %s: %d event(s) of a batch were handled before (inbox); acked without "
+                        "passing them to the handler", self.queue, len(self.handled))
+        self._transaction = transaction
+        self._token = backends._current.set(transaction)
+        return set(self.handled)
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        failed = getattr(exc, "failures", None) if isinstance(exc, BatchFailed) else None
+        transaction = self._transaction
+        if failed and transaction is not None:  # the others succeeded: commit them, without the failed' rows
+            try:
+                for index in failed:
+                    transaction.execute(schema.delete_inbox(), {"queue": self.queue, "key": self.keys[index]})
+            except Exception as error:
+                super().__exit__(type(error), error, error.__traceback__)  # rolled back: every event is retried
+                raise _retry("deleting the rows of its failed events", self, error) from error
+            exc_type = exc = tb = None
+        super().__exit__(exc_type, exc, tb)
 
 
 def _retry(doing: str, once: _Once, exc: Exception) -> Retry:

@@ -47,6 +47,11 @@ def insert_inbox() -> str:
             "ON CONFLICT (queue, dedup_key) DO NOTHING")
 
 
+def delete_inbox() -> str:
+    """Delete the key of an event of a queue (a batch's failed event, whose row must not commit)."""
+    return f"DELETE FROM {INBOX} WHERE queue = :queue AND dedup_key = :key"
+
+
 def prune_inbox() -> str:
     """Delete the inbox rows handled before ``:cutoff`` (seconds since the epoch)."""
     return f"DELETE FROM {INBOX} WHERE handled_at < :cutoff"

@@ -99,6 +99,17 @@ class Middleware:
         """
         return nullcontext()
 
+    def handling_batch(self, events: list[Event]) -> AbstractContextManager[Any] | None:
+        """Pool side, around one call of a batch handler (``batch=BatchOf(...)``) with ``events``.
+
+        None (the default): the call runs inside this middleware's :meth:`handling` context of
+        each event instead. A context's ``__enter__`` returns the indices (in ``events``) of
+        events handled before, left out of the call and acked (the inbox's redeliveries), or
+        None; on exit it sees the handler's exception, a ``BatchFailed`` naming failed events
+        by their index in ``events``.
+        """
+        return None
+
 
 def _overriding(middleware: tuple[Middleware, ...], hook: str) -> tuple[Middleware, ...]:
     base = getattr(Middleware, hook)

@@ -7,7 +7,7 @@ service's ``management_url`` setting, else ``http://<broker host>:15672``).
 """
 from __future__ import annotations
 
-__all__ = ["QueueStatus", "gather", "queue_state", "CONSUMING", "PAUSED", "DepthTarget", "depth_targets",
+__all__ = ["QueueStatus", "gather", "queue_state", "holder", "CONSUMING", "PAUSED", "DepthTarget", "depth_targets",
            "read_depths"]
 
 import base64
@@ -47,6 +47,9 @@ class QueueStatus:
     consumers: int | None
     exists: bool = True
     state: str | None = None
+    #: A single-active-consumer queue's (an ordered handler's partition) active consumer: its connection as the
+    #: management API names it ("client address -> broker address"); None without one, or without the API.
+    holder: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -98,8 +101,20 @@ def gather(connection: Any, topology: Topology, management_url: str | None = Non
         use_api = api is not None
         unacked = api.get("messages_unacknowledged") if api else None
         found.append(QueueStatus(name, role, read.messages, unacked, read.consumers,
-                                 state=queue_state(role, read.consumers)))
+                                 state=queue_state(role, read.consumers), holder=holder(api)))
     return found
+
+
+def holder(api: dict[str, Any] | None) -> str | None:
+    """The connection of the active consumer of a single-active-consumer queue, from its management API entry."""
+    if not api or not (api.get("arguments") or {}).get("x-single-active-consumer"):
+        return None
+    for consumer in api.get("consumer_details") or ():
+        if isinstance(consumer, dict) and consumer.get("active") is True:
+            channel = consumer.get("channel_details") or {}
+            name = channel.get("connection_name") if isinstance(channel, dict) else None
+            return str(name) if name else None
+    return None
 
 
 def _archive_status(connection: Any, topology: Topology, read: Any) -> QueueStatus:

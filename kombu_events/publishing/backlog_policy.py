@@ -1,6 +1,6 @@
 """Publishing with a local backlog, decided: publish now or store locally; what a flush settled (pure).
 
-What every publish returns, :class:`~kombu_events.Published`, is in :mod:`kombu_events.publishing.published`.
+What every publish returns, :class:`~kombu_events.Published`, is in ``kombu_events.publishing.published``.
 """
 from __future__ import annotations
 

@@ -3,10 +3,10 @@
 A publisher check is a function returning :class:`~kombu_events.Healthy`, :class:`~kombu_events.Degraded`
 or :class:`~kombu_events.Unhealthy`, as a handler's health check does
 (:meth:`Events.health_check <kombu_events.Events.health_check>`); it raises or returns
-anything else: Unhealthy (:func:`kombu_events.core.health.run_check` runs it). Each check has
+anything else: Unhealthy (``kombu_events.core.health.run_check`` runs it). Each check has
 its own breaker (see :mod:`kombu_events.publishing.breakers`): while any is open, events go to
 the local backlog instead of the broker. The checks run in the backlog's flusher thread.
-The other modules about health are listed in :mod:`kombu_events.core.health`.
+The other modules about health are listed in ``kombu_events.core.health``.
 """
 from __future__ import annotations
 

@@ -79,9 +79,9 @@ def addressed(topology: Topology, routing_key: str, message: Message, delay_s: f
 class Publisher:
     """A lazily opened connection that sends built messages with confirms; safe across threads and forks.
 
-    :meth:`send` and :meth:`send_many` take messages already built and addressed (``Events.publish``
+    ``send`` and ``send_many`` take messages already built and addressed (``Events.publish``
     builds them, through :class:`~kombu_events.publishing.service.ServicePublisher`); each sends
-    with :meth:`Confirmer.publish <kombu_events.broker.confirms.Confirmer.publish>` (one ``basic.publish``).
+    with ``Confirmer.publish`` (``kombu_events.broker.confirms``) (one ``basic.publish``).
 
     ``app``: the Celery app whose broker settings the connection takes (``broker_use_ssl``,
     ``broker_login_method``, ...; see ``kombu_events.broker.connections.broker_connection``).

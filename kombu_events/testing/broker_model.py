@@ -16,6 +16,7 @@ from __future__ import annotations
 __all__ = ["BrokerModel", "Landing", "Lost", "Routed", "EXCHANGE_TYPES"]
 
 import logging
+import zlib
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from kombu import Exchange
@@ -26,8 +27,11 @@ from ..errors import ConfigurationError, TopologyConflictError
 
 logger = logging.getLogger(__name__)
 
-#: The exchange types the model routes (the ones a topology declares, and ``direct``).
-EXCHANGE_TYPES = ("topic", "direct", "fanout")
+#: The exchange types the model routes (the ones a topology declares, and ``direct``). ``x-consistent-hash`` (an
+#: ordered handler's partitions, docs/ordering.md) sends each message to one of its queues by a hash of the
+#: routing key, whatever header or property RabbitMQ's hashes: in the model an event of a key may reach another
+#: partition than on the broker, but always exactly one.
+EXCHANGE_TYPES = ("topic", "direct", "fanout", "x-consistent-hash")
 
 #: Dead-letter hops after which a message is taken to be going round for ever.
 _MAX_HOPS = 256
@@ -136,8 +140,12 @@ class BrokerModel:
             return
         seen.add(exchange)
         kind, arguments = self._exchanges[exchange]
-        matched = [(dest, is_queue) for pattern, dest, is_queue in self._bindings.get(exchange, ())
-                   if kind == "fanout" or (pattern == key if kind == "direct" else topic.matches(pattern, key))]
+        bound = self._bindings.get(exchange, [])
+        if kind == "x-consistent-hash":
+            matched = [bound[zlib.crc32(key.encode()) % len(bound)][1:]] if bound else []
+        else:
+            matched = [(dest, is_queue) for pattern, dest, is_queue in bound
+                       if kind == "fanout" or (pattern == key if kind == "direct" else topic.matches(pattern, key))]
         if not matched and arguments.get("alternate-exchange"):
             self._route(str(arguments["alternate-exchange"]), key, reached, seen)
         for destination, is_queue in matched:

@@ -42,6 +42,7 @@ from ..worker import runner
 from ..worker.screening import announce, screen
 from .broker_model import Routed
 from .records import ArchivedCopy, Pending, SentMessage, Settled, fails_fast
+from .stub_batches import deliver_batch
 from .stub_broker import LostCopy, QueuedCopy, StubBroker
 from .stub_publishing import StubPublisher, broker_user, default_exchange, published_message
 
@@ -187,7 +188,8 @@ class StubEvents:
         return found
 
     def calls(self, handler: Callable[..., Any]) -> list[Any]:
-        """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True.
+        """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True
+        (a batch handler's: one list per call).
 
         Raises ConfigurationError for a function that is no handler of the app: an
         assertion that it was never called would pass for the wrong reason.
@@ -275,6 +277,8 @@ class StubEvents:
         """Receive, screen, run, plan and settle one message; the undeclared exception its handler raised."""
         message, self._failure = queued.message, None
         events, handler, topology = self._route_of(message.queue)
+        if handler.batch is not None:  # with the other copies of its queue due now: one call
+            return deliver_batch(self, queued, events, handler, topology)
         delivery = read_delivery(message.queue, message.body, message.properties,
                                  {"routing_key": queued.delivered_with, "redelivered": False},
                                  received=time.monotonic())

@@ -94,6 +94,15 @@ class StubBroker:
         """Take the waiting copy that is due first out of its queue."""
         return heapq.heappop(self._queue)
 
+    def take_due(self, queue: str, by_ms: float, limit: int) -> list[QueuedCopy]:
+        """Take up to ``limit`` more copies of ``queue`` due by ``by_ms``, the first due first (a batch)."""
+        taken = sorted(q for q in self._queue if q.message.queue == queue and q.due_ms <= by_ms)[:max(0, limit)]
+        if taken:
+            chosen = set(map(id, taken))
+            self._queue = [q for q in self._queue if id(q) not in chosen]
+            heapq.heapify(self._queue)
+        return taken
+
     def route(self, exchange: str, routing_key: str, body: bytes, properties: Mapping[str, Any],
               mandatory: bool) -> PublishError | None:
         """Route a publish through the app's topology: a copy for every handler queue it lands in, now or, for

@@ -21,7 +21,7 @@ from ..broker import green_writes, lenient_amqp as wire_guard
 from ..broker.connections import tls_options
 from ..broker.version import describe
 from ..core.config import resolve_metrics_settings
-from ..errors import BrokerTooOldError, ConfigurationError, TopologyMissingError
+from ..errors import BrokerTooOldError, ConfigurationError, PluginMissingError, TopologyMissingError
 from ..integrations import sentry
 from ..registry import EventsService
 from . import task_queues
@@ -157,13 +157,13 @@ def _declare_command(services: list[EventsService]) -> Callable[[EventsService],
 
 @contextmanager
 def _refusing(what: str, consumer: ServiceConsumer) -> Iterator[None]:
-    """As :func:`_naming`; a topology that is not there (declare=False), a permission the broker refuses or a
-    broker too old for the service stops the worker (exit 1) before it takes a message: Celery would log
-    either with a traceback, and retry a refusal (a channel error) for ever."""
+    """As :func:`_naming`; a topology that is not there (declare=False), a permission the broker refuses, a
+    broker too old for the service or without a plugin it needs stops the worker (exit 1) before it takes a
+    message: Celery would log each with a traceback, and retry a refusal (a channel error) for ever."""
     try:
         with _naming(what, consumer):
             yield
-    except (TopologyMissingError, AccessRefused, BrokerTooOldError) as exc:
+    except (TopologyMissingError, AccessRefused, BrokerTooOldError, PluginMissingError) as exc:
         raise WorkerShutdown(1) from exc
 
 

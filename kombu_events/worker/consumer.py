@@ -31,12 +31,12 @@ from ..broker.confirms import Confirmer
 from ..broker.declare import declare
 from ..broker.version import QUORUM_QUEUES, require
 from ..broker.waits import BrokerSilent, answer_within, call_within
-from ..core import decision
 from ..core.delivery import read_delivery
 from ..middleware.control import Control
 from ..registry import EventsService, Route
 from . import awaiting
-from .handoff import Handoff, Received
+from .acks import Acks
+from .handoff import Handoff, Received, item_of
 from .inflight import InflightBudget
 from .mailbox import Mailbox
 from .screening import screen
@@ -74,12 +74,17 @@ class ServiceConsumer:
                                      consumers=len(self.routes))
         self.throttle = Throttle(self.budget, self.mailbox, service=settings.service, stop=self._stop_consumers,
                                  start=self._start_consumers, running=lambda: self._started)
+        self.acks = Acks(self.mailbox)  # the acks of the consumers' channel, sent together
         self.settler = Settler(topology=self.topology, hooks=self.hooks, control=self.control,
-                               traceback_limit=settings.traceback_limit, release=self.throttle.release)
+                               traceback_limit=settings.traceback_limit, release=self.throttle.release,
+                               acks=self.acks)
         self.handoff = Handoff(settings.service, awaited=self.awaited, async_concurrency=settings.async_concurrency,
                                mailbox=self.mailbox, settler=self.settler,
                                limits={r.handler.queue: r.handler.concurrency for r in self.routes
-                                       if r.handler.concurrency is not None})
+                                       if r.handler.concurrency is not None},
+                               batches={r.handler.queue: (r.handler.batch.max, r.handler.batch.wait_ms)
+                                        for r in self.routes if r.handler.batch is not None})
+        self.settler.rerun = self.handoff.rerun  # an ordered handler's failing event, again in place
         self._consumers: dict[str, Consumer] = {}
         self._active: set[str] = set()
         self._started = False
@@ -130,6 +135,7 @@ class ServiceConsumer:
         # Jobs of the last connection that are still running call back into the old count, not this one.
         self.handoff.attach(connection, pool, hub,
                             in_flight=sum(self._prefetch_of(r.handler.queue, None) for r in self.routes))
+        self.acks.attach(channel, hub, limit=self._qos // 2, more_to_read=self.handoff.more_to_read)  # old: dropped
         if hub is None:
             self.consume()  # no event loop (synloop): nothing else will call consume()
 
@@ -171,7 +177,7 @@ class ServiceConsumer:
         if self._hub is not None:
             self.mailbox.watch(self._hub)
             self._channel_check = self._hub.call_repeatedly(CHANNEL_CHECK_S, self._check_channels)
-            _ticks(self._hub).add(self.handoff.tick)
+            _ticks(self._hub).add(self._tick)
         self._started = True
         self.control.attach(self._connection, self._hub)
         if self.hooks.on_started:
@@ -193,8 +199,9 @@ class ServiceConsumer:
         self._consumers = {}
         self._active = set()
         if self._hub is not None:
-            _ticks(self._hub).discard(self.handoff.tick)
+            _ticks(self._hub).discard(self._tick)
         self.handoff.flush()  # received already: handled and acked as if the step had not stopped
+        self.acks.stop()  # no tick from now on: each ack goes at once
         if self._channel_check is not None:
             quietly(self._channel_check.cancel)
             self._channel_check = None
@@ -246,6 +253,7 @@ class ServiceConsumer:
         service's; at most its share of what the budget has room for."""
         wanted = self._prefetch.get(queue, self.prefetch_count) if prefetch is None else prefetch
         at_once = self._concurrency * (self.settings.async_concurrency if queue in self.awaited else 1)
+        at_once = max(at_once, self.handoff.gatherer.sizes.get(queue, (0, 0))[0])  # a full batch can arrive
         return self.budget.prefetch(wanted, floor=at_once)  # any one queue may keep the whole pool busy
 
     def _stop_consumers(self) -> None:
@@ -304,6 +312,7 @@ class ServiceConsumer:
         self.mailbox.drain()  # thread-pool completions posted once the event loop had stopped
         if self.settler.confirmer is not None:
             self.settler.confirmer.wait(timeout_s=5.0)
+        self.acks.flush()
         self._close_channels()
         self.mailbox.close(self._hub)
 
@@ -319,9 +328,15 @@ class ServiceConsumer:
 
     # -- receiving ----------------------------------------------------------------------------
 
+    def _tick(self) -> None:
+        """Hub tick, before each poll: a batch to the pool if it is ready, then the acks (solo settles inline)."""
+        self.handoff.tick()
+        self.acks.tick()
+
     def _on_message(self, route: Route, message: Any) -> None:
         """kombu callback on the event loop: nothing a publisher sends may raise out of here."""
         try:
+            self.acks.delivered(message)  # first: an ack with ``multiple`` must never cover it unseen
             self._receive(route, message)
         except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
@@ -344,10 +359,7 @@ class ServiceConsumer:
         if outcome is not None:
             self.settler.settle(route, delivery, message, outcome)
             return
-        meta = (delivery.routing_key, delivery.attempt, delivery.headers, delivery.properties)
-        item = (handler.queue, delivery.body, delivery.content_type, delivery.content_encoding, meta,
-                decision.is_final(delivery.attempt, handler.max_retries))
-        self.handoff.add(Received(route, delivery, message, item))
+        self.handoff.add(Received(route, delivery, message, item_of(route, delivery)))
 
 
 def _ticks(hub: Any) -> set[Callable[[], Any]]:

@@ -12,7 +12,7 @@ until one of them comes back. The count is the worker's: this process hands ever
 """
 from __future__ import annotations
 
-__all__ = ["Received", "Handoff", "readable"]
+__all__ = ["Received", "Handoff", "readable", "item_of"]
 
 import logging
 import select
@@ -26,8 +26,9 @@ from ..core import decision
 from ..core.delivery import Delivery
 from ..core.settlement import Hold, Step
 from ..registry import Route
-from . import runner
+from . import batch_handlers, runner
 from .batching import BUDGET_MS, Batcher, max_messages
+from .gathering import Gatherer
 from .mailbox import Mailbox
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ class Handoff:
     """Messages received, to the pool and back: batches, the jobs in the pool, their results to ``settler``."""
 
     def __init__(self, service: str, *, awaited: frozenset[str], async_concurrency: int, mailbox: Mailbox,
-                 settler: Settles, limits: Mapping[str, int] | None = None) -> None:
+                 settler: Settles, limits: Mapping[str, int] | None = None,
+                 batches: Mapping[str, tuple[int, float]] | None = None) -> None:
         self.service = service
         #: Queues whose handler has a ``concurrency``: at most this many of their messages in the pool at once.
         self.limits = dict(limits or {})
@@ -81,6 +83,8 @@ class Handoff:
         #: Which connection this is: a job's callback counts only on the connection that handed it over.
         self.connection_jobs = 0
         self.loop_ident = threading.get_ident()
+        #: Batch handlers' messages, held until their batch is full or has waited (queue: (max, wait_ms)).
+        self.gatherer: Gatherer[Received] = Gatherer(batches or {}, self.hand_batch)
 
     def attach(self, connection: Any, pool: Any, hub: Any, *, in_flight: int) -> None:
         """A new connection (Celery reconnected): count jobs anew; batch only with an event loop (``hub``)."""
@@ -89,6 +93,7 @@ class Handoff:
         self.running, self.waiting = {}, {}
         self.pool, self.hub = pool, hub
         self.loop_ident = threading.get_ident()
+        self.gatherer.attach(hub)
         self.batch.max_messages = 1
         self.more_to_read = never
         if hub is not None:  # what one read of the loop brings goes to the pool at once
@@ -101,6 +106,9 @@ class Handoff:
 
     def add(self, received: Received) -> None:
         """A message received: to the pool now if the batch is full or ready, else it waits with the batch."""
+        if received.route.handler.queue in self.gatherer:  # a batch handler's: held for its own batch
+            self.gatherer.add(received.route.handler.queue, received)
+            return
         if self.batch.add(received.route.handler.queue, received) or self.ready():
             self.flush()
         elif len(self.batch) == 1:
@@ -134,17 +142,7 @@ class Handoff:
         if len(batch) == 1:
             self.hand_over(batch[0])
         elif batch:
-            done = partial(self._post_batch, self.connection_jobs, batch)
-            self.jobs += 1  # before: solo calls back from inside apply_async
-            try:
-                self.pool.apply_async(runner.run_batch, ([received.item for received in batch], self.async_concurrency),
-                                      callback=done, error_callback=done)
-            except Exception as exc:  # e.g. one message's headers too deep to pickle: each on its own, then
-                self.jobs -= 1
-                logger.debug("kombu-events: a batch of %d could not be handed to the pool (%r); one by one",
-                             len(batch), exc)
-                for received in batch:
-                    self.hand_over(received)
+            self._hand_job(runner.run_batch, batch)
 
     def hand_over(self, received: Received, refused: Callable[[str], Step] | None = None) -> None:
         """One message to the pool; one it refuses is archived (it cannot be pickled), or held as ``refused(why)``."""
@@ -152,7 +150,8 @@ class Handoff:
         done = partial(self._post, self.connection_jobs, route, delivery, message)
         self.jobs += 1
         try:
-            self.pool.apply_async(runner.run, item, callback=done, error_callback=done)
+            run = batch_handlers.run_one if route.handler.queue in self.gatherer else runner.run
+            self.pool.apply_async(run, item, callback=done, error_callback=done)
         except Exception as exc:  # e.g. headers nested too deep to pickle for a prefork child
             self.jobs -= 1
             self._ended(route.handler.queue)
@@ -162,6 +161,47 @@ class Handoff:
                 self.settler.settle(route, delivery, message, outcome)
             else:  # a pool shutting down refuses jobs: nothing wrong with the message
                 self.settler.hold(route, delivery, message, outcome, refused(what))
+
+    def hand_batch(self, batch: list[Received]) -> None:
+        """A batch handler's messages to the pool as one job: one call of the handler with them all."""
+        self._hand_job(batch_handlers.run, batch)
+
+    def _hand_job(self, run: Callable[..., Any], batch: list[Received]) -> None:
+        """Several messages to the pool as one job of ``run``; one the pool refuses goes on its own, then."""
+        done = partial(self._post_batch, self.connection_jobs, batch)
+        self.jobs += 1  # before: solo calls back from inside apply_async
+        try:
+            self.pool.apply_async(run, ([received.item for received in batch], self.async_concurrency),
+                                  callback=done, error_callback=done)
+        except Exception as exc:  # e.g. one message's headers too deep to pickle: each on its own, then
+            self.jobs -= 1
+            logger.debug("kombu-events: a batch of %d could not be handed to the pool (%r); one by one",
+                         len(batch), exc)
+            for received in batch:
+                self.hand_over(received)
+
+    def rerun(self, route: Route, delivery: Delivery, message: Any, delay_ms: float) -> None:
+        """Hand ``message`` to the pool again after ``delay_ms``, as its next attempt: a failing event of an ordered
+        handler holding its partition (docs/ordering.md). It stays unacked meanwhile, the partition's one event in
+        flight; after a reconnect it is the broker's again (redelivered), and the timer lets it be."""
+        again = delivery._replace(attempt=delivery.attempt + 1)
+        received = Received(route, again, message, item_of(route, again))
+        connection = self.connection_jobs
+
+        def due() -> None:
+            try:
+                if connection == self.connection_jobs:
+                    self.hand_over(received)
+            except Exception:  # never into the hub: its loop would end; the message stays unacked
+                logger.exception("kombu-events: running message %r of %s again failed; left unacked",
+                                 delivery.message_id, delivery.queue)
+
+        if self.hub is not None:
+            self.hub.call_later(delay_ms / 1000.0, due)
+        else:  # no event loop (gevent, eventlet): a timer thread posts it to the loop's mailbox
+            timer = threading.Timer(delay_ms / 1000.0, self.mailbox.post, (due,))
+            timer.daemon = True
+            timer.start()
 
     # -- handlers' concurrency -----------------------------------------------------------------
 
@@ -266,6 +306,14 @@ class Handoff:
             self.jobs = max(0, self.jobs - 1)
         if len(self.batch) and self.ready():
             self.flush()
+
+
+def item_of(route: Route, delivery: Delivery) -> runner.Item:
+    """The runner's arguments for ``delivery`` (what crosses to a prefork child: plain values)."""
+    handler = route.handler
+    meta = (delivery.routing_key, delivery.attempt, delivery.headers, delivery.properties)
+    return (handler.queue, delivery.body, delivery.content_type, delivery.content_encoding, meta,
+            decision.is_final(delivery.attempt, handler.max_retries))
 
 
 def never() -> bool:

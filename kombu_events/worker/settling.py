@@ -1,7 +1,8 @@
 """Carry out what :func:`~kombu_events.core.settlement.plan` decides for a message the handler ran (or that
 never reached it): ack; republish (retry, requeue, archive) and ack once the broker confirms; or hold.
 
-A republish is confirmed before the original is acked, so a crash in between duplicates, never loses. A
+Acks go through :class:`~kombu_events.worker.acks.Acks`, which sends those of one read of the event loop
+together. A republish is confirmed before the original is acked, so a crash in between duplicates, never loses. A
 republish the broker refuses for a missing permission (ACCESS_REFUSED: the user lost *write* on a delay
 exchange or the archive) is no fault of the message: it stays unacked and its queue is paused until the
 worker restarts. Called on the event loop; nothing raised here reaches it.
@@ -20,10 +21,11 @@ from ..broker.confirms import Confirmer
 from ..broker.stream_headers import pack
 from ..core import decision
 from ..core.delivery import Delivery
-from ..core.settlement import Ack, Hold, Republish, Step, plan
+from ..core.settlement import Ack, Hold, Republish, Rerun, Step, plan
 from ..core.topology import Topology
 from ..middleware.control import Control
 from ..registry import Route
+from .acks import Acks
 from .screening import announce
 
 logger = logging.getLogger(__name__)
@@ -33,13 +35,17 @@ class Settler:
     """Plans and carries out the settling of each message of one service, on its publisher channel."""
 
     def __init__(self, *, topology: Topology, hooks: Any, control: Control, traceback_limit: int,
-                 release: Callable[[Any], None]) -> None:
+                 release: Callable[[Any], None], acks: Acks | None = None) -> None:
         self.topology = topology
         self.hooks = hooks
         self.control = control
         self.traceback_limit = traceback_limit
         #: The message no longer counts in the bytes held (settled, or no longer ours to settle).
         self.release = release
+        #: Sends the acks of the consumers' channel together (None: each message's own ``ack()``).
+        self.acks = acks
+        #: Runs a held message's handler again after a delay (an ordered handler's retry in place: the Handoff's).
+        self.rerun: Callable[[Route, Delivery, Any, float], None] | None = None
         #: The publisher channel's confirms (None: no channel, the originals are redelivered).
         self.confirmer: Confirmer | None = None
         #: The worker's AMQP user, for the plan (a republish keeps the publisher's ``user_id`` only if it is ours).
@@ -50,8 +56,10 @@ class Settler:
         try:
             outcome = result if isinstance(result, decision.Outcome) else \
                 decision.lost(result, traceback_limit=self.traceback_limit)
+            ordering = route.handler.ordering
             step = plan(delivery, outcome, max_retries=route.handler.max_retries, backoff=route.handler.backoff,
-                        topology=self.topology, userid=self.userid)
+                        topology=self.topology, userid=self.userid,
+                        hold=ordering is not None and ordering.hold_failures)
             self.execute(route, delivery, message, outcome, step)
         except Exception:  # never let one message break the event loop; it stays unacked
             logger.exception("kombu-events: could not settle message %r from %s; left unacked",
@@ -65,6 +73,9 @@ class Settler:
             self._republish(route, delivery, message, outcome, step)
         elif isinstance(step, Ack):
             self._ack(route, delivery, message, outcome, step)
+        elif isinstance(step, Rerun) and self.rerun is not None:  # unacked: the partition's one event in flight
+            self.announce(route, delivery, outcome, step)
+            self.rerun(route, delivery, message, step.delay_ms)
         else:
             self.hold(route, delivery, message, outcome, step)
 
@@ -102,7 +113,7 @@ class Settler:
             on_fail(f"publish raised {type(exc).__name__}: {exc}")
 
     def _ack(self, route: Route, delivery: Delivery, message: Any, outcome: decision.Outcome, step: Step) -> None:
-        acked = quietly(message.ack)
+        acked = quietly(message.ack) if self.acks is None else quietly(self.acks.ack, message)
         self.release(message)  # acked, or its channel is gone and the broker redelivers it
         if acked:
             self.announce(route, delivery, outcome, step)

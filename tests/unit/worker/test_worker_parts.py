@@ -18,6 +18,8 @@ from kombu_events.worker.mailbox import Mailbox
 from kombu_events.worker.settling import Settler
 from kombu_events.worker.throttle import Throttle
 
+from .fakes import Pool, Settles
+
 OK = decision.Outcome(decision.OK, duration_ms=0.5)
 FAILED = decision.Outcome(decision.FAILED, "boom", "RuntimeError: boom")
 
@@ -155,28 +157,6 @@ def test_a_throttle_not_running_counts_but_neither_stops_nor_starts():
 
 
 # -- the Handoff ----------------------------------------------------------------------------------------
-
-
-class Pool:
-    limit = 1
-
-    def __init__(self) -> None:
-        self.jobs: list[tuple[Any, ...]] = []
-
-    def apply_async(self, fn, args, callback, error_callback):
-        self.jobs.append((fn, args, callback, error_callback))
-
-
-class Settles:
-    def __init__(self) -> None:
-        self.settled: list[tuple[str, Any]] = []
-        self.held: list[tuple[str, str]] = []
-
-    def settle(self, route, delivery, message, result) -> None:
-        self.settled.append((delivery.message_id, result))
-
-    def hold(self, route, delivery, message, outcome, step) -> None:
-        self.held.append((delivery.message_id, step.reason))
 
 
 def received(i: int) -> Received:
