@@ -63,9 +63,15 @@ def test_each_keys_events_in_publish_order_keys_in_parallel_over_two_workers(mak
     assert all(counts[n][:2] == (0, 0) for n in partitions), "nothing left in the partitions"
     assert [counts[n][2] for n in partitions] == [2] * 8, "each worker consumes every partition"
     assert sorted(active_consumers(broker_url, project.service)) == partitions, "one of them active on each"
-    rows = {r["queue"]: r for r in json.loads(run_cli(project, "status", "--json").stdout)}
+    def status() -> dict[str, dict]:
+        return {r["queue"]: r for r in json.loads(run_cli(project, "status", "--json").stdout)}
+
+    # The management API reports consumers from its statistics, collected every 5 s: a loaded machine lags.
+    wait_for(lambda: None not in {status()[n]["holder"] for n in partitions}, timeout=60, interval=2,
+             what="status naming each partition's active consumer")
+    rows = status()
     holders = {rows[n]["holder"] for n in partitions}
-    assert None not in holders and 1 <= len(holders) <= 2, f"status names each partition's worker: {holders}"
+    assert 1 <= len(holders) <= 2, f"status names each partition's worker: {holders}"
     assert all(" -> " in h for h in holders), "the holder's connection, as the management API names it"
     text = run_cli(project, "status").stdout
     assert all(f"consuming (active: {rows[n]['holder']})" in text for n in partitions)
