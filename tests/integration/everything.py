@@ -56,6 +56,8 @@ class Records:
         self._offsets: dict[str, int] = {}
         self.handled: set[str] = set()
         self._calls_seen = 0
+        #: Lines no JSON could be read from: a process killed in the middle of writing one.
+        self.torn = 0
 
     def __call__(self, kind: str) -> list[dict[str, Any]]:
         rows = self._rows.setdefault(kind, [])
@@ -67,7 +69,11 @@ class Records:
         except FileNotFoundError:
             return rows
         end = data.rfind(b"\n") + 1
-        rows += [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        for line in filter(bytes.strip, data[:end].splitlines()):
+            try:
+                rows.append(json.loads(line))
+            except ValueError:  # a record torn by a process killed (-9) while writing it: its event comes again
+                self.torn += 1
         self._offsets[kind] = offset + end
         return rows
 

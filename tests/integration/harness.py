@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
-from amqp.exceptions import NotFound
+from amqp.exceptions import ConsumerCancelled, NotFound
 from kombu import Connection
 
 from kombu_events.core.config import Settings
@@ -256,7 +256,7 @@ class _Counts(Mapping[str, tuple[int, int, int]]):
             self.stream_queues.discard(name)
             try:
                 copies = archived_copies(self.broker_url, name)
-            except NotFound:  # another test's, deleted meanwhile
+            except (NotFound, ConsumerCancelled):  # another test's, deleted before or while it was read
                 return found
             found = self.counts[name] = (len(copies or ()), 0, found[2])
         return found
