@@ -34,6 +34,8 @@ from kombu import Connection
 from kombu_events import Events
 from kombu_events.broker.declare import declare
 
+from .broker import delete_service
+
 ROOT = Path(__file__).resolve().parents[1]
 HOST = os.environ.get("KOMBU_EVENTS_TEST_PGHOST", "127.0.0.1")
 
@@ -100,19 +102,6 @@ def _rate(kind: str, n: int, engine: sa.Engine, worker: subprocess.Popen[bytes],
     return (n - calls[-1][1]) / (calls[-1][0] - calls[0][0])
 
 
-def cleanup(broker: str, topologies: list[Any], service: str) -> None:
-    """Delete every queue and exchange of the service's (and its publisher's) topology, and its task queue."""
-    with Connection(broker) as conn:
-        channel = conn.default_channel
-        for topology in topologies:
-            for queue in topology.queues:
-                channel.queue_delete(queue.name)
-            for exchange in topology.exchanges:
-                channel.exchange_delete(exchange.name)
-        channel.queue_delete(f"{service}.tasks")
-        channel.exchange_delete(f"{service}.tasks")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
@@ -147,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             for kind in ("one", "batch"):
                 rates[kind] = drain(kind, args.n, module, workdir, engine, args.pool, args.concurrency)
     finally:
-        cleanup(args.broker, topologies, service)
+        delete_service(args.broker, topologies, service)
         engine.dispose()
         admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         admin.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import uuid
 from datetime import datetime, timedelta, timezone
-from typing import Iterable
+from typing import Any, Iterable
 
 from amqp import Message
 from amqp.exceptions import NotFound
@@ -127,6 +127,15 @@ def delete(url: str, queues: Iterable[str] = (), exchanges: Iterable[str] = ()) 
             conn.default_channel.queue_delete(name)
         for name in exchanges:
             conn.default_channel.exchange_delete(name)
+
+
+def delete_service(url: str, topologies: Iterable[Any], service: str) -> None:
+    """Delete every queue and exchange of ``topologies`` and the Celery task queue of ``service``."""
+    queues, exchanges = [f"{service}.tasks"], [f"{service}.tasks"]
+    for topology in topologies:
+        queues += [queue.name for queue in topology.queues]
+        exchanges += [exchange.name for exchange in topology.exchanges]
+    delete(url, queues, exchanges)
 
 
 def leftovers(prefix: str) -> tuple[list[str], list[str]]:

@@ -33,6 +33,8 @@ from kombu_events.broker.declare import declare
 from kombu_events.core.wire import ORDER_KEY
 from kombu_events.publishing.publisher import Publisher, build_message
 
+from .broker import delete_service
+
 ROOT = Path(__file__).resolve().parents[1]
 
 APP = '''
@@ -106,19 +108,6 @@ def _rate(times: Path, n: int, workers: list[subprocess.Popen[bytes]]) -> float:
     return (n - 1) / (starts[-1] - starts[0])
 
 
-def cleanup(broker: str, topologies: list[Any], service: str) -> None:
-    """Delete every queue and exchange of the service's topology, and its task queue."""
-    with Connection(broker) as conn:
-        channel = conn.default_channel
-        for topology in topologies:
-            for queue in topology.queues:
-                channel.queue_delete(queue.name)
-            for exchange in topology.exchanges:
-                channel.exchange_delete(exchange.name)
-        channel.queue_delete(f"{service}.tasks")
-        channel.exchange_delete(f"{service}.tasks")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--n", type=int, default=4000)
@@ -147,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
             for kind in ("sac", "ordered"):
                 rates[kind] = drain(kind, args, module, workdir, exchange)
     finally:
-        cleanup(args.broker, topologies, service)
+        delete_service(args.broker, topologies, service)
     print(f"\nN = {args.n} events of {args.keys} keys per handler, a handler of {args.work_ms:g} ms, "
           f"{args.workers} workers --pool=prefork -c {args.concurrency}\n")
     print("| handler | events/s |\n|---|---|")
