@@ -208,14 +208,15 @@ def celery_tasks(pool: str, concurrency: int) -> Callable[[Context], Run]:
 
 def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int = 1,
                     tracing: float = 0, metrics: bool = False, prefetch: int | None = None,
-                    fields: int = 1, share: float = 1.0) -> Callable[[Context], Run]:
+                    fields: int = 1, share: float = 1.0, in_place_ms: int = 0) -> Callable[[Context], Run]:
     """kombu-events: handlers under ``celery worker --with-events-step``.
 
     ``tracing``: with TracingMiddleware sampling that share of traces (0: none, 1: all); ``metrics``: the
     worker serves Prometheus metrics (``--events-metrics-port``); ``prefetch``: the service's
     ``prefetch_count`` (per handler queue; default: the library's, see config.auto_prefetch);
     ``fields``: 1 for ``{"i": i}`` payloads, 5 for ``broker.order_payload`` (what mode ``typed`` validates);
-    ``share``: of ``-n`` messages (the ``await``/``sleep`` rows wait 50 ms a message: a tenth).
+    ``share``: of ``-n`` messages (the ``await``/``sleep`` rows wait 50 ms a message: a tenth);
+    ``in_place_ms``: the service's ``retry_in_place_ms`` (0: every retry through the ladder).
     """
     def run(ctx: Context) -> Run:
         if share != 1.0:
@@ -223,14 +224,17 @@ def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int
         suffix = (f"-traced{tracing:g}" if tracing else "") + ("-metrics" if metrics else "")
         suffix += f"-p{prefetch}" if prefetch is not None else ""
         suffix += f"-{fields}f" if fields != 1 else ""
+        suffix += f"-inplace{in_place_ms}" if in_place_ms else ""
         out = ctx.directory(f"events-{mode}-{pool}-{queues}q{suffix}")
-        acks = 2 * ctx.n if mode == "fail_once" else ctx.n
+        # a retry through the ladder acks the original and its copy; one in the worker, the original once
+        acks = 2 * ctx.n if mode == "fail_once" and not in_place_ms else ctx.n
+        more = {"KEB_RETRY_IN_PLACE_MS": str(in_place_ms)} if in_place_ms else {}
         keys = [routing_key(k) for k in range(queues)]
         extra = ("--events-metrics-port", str(_free_port())) if metrics else ()
         with _Service(ctx, mode=mode, queues=queues, tracing=tracing, prefetch=prefetch) as service:
             run = _throughput(
                 ctx, out,
-                lambda: service.worker(pool, concurrency, _env(out, ctx.n, acks), out, *extra),
+                lambda: service.worker(pool, concurrency, _env(out, ctx.n, acks, **more), out, *extra),
                 lambda: broker.publish(ctx.url, broker.event_messages(ctx.exchange, keys, ctx.n, fields=fields)),
                 service.handler_queues, acks, fails=mode == "fail_once")
             return run if run.error else _after(run, ctx.url, service.all_queues)
@@ -238,10 +242,12 @@ def events_consumer(pool: str, concurrency: int, mode: str = "noop", queues: int
 
 
 def _after(run: Run, url: str, queues: list[str]) -> Run:
-    """With the consumer gone (unacked messages are back), every queue must be empty. The archive is a stream,
-    which keeps what it holds (its first record says when it was opened): the runs count each message's ack."""
+    """With the consumer gone (unacked messages are back), every queue must be empty. The archive and a log are
+    streams, which keep what they hold (the archive's first record says when it was opened), and a reader's
+    position is one message: the runs count each message's ack."""
+    kept = [q for q in queues if q.endswith(".archive") or ".log." in q or ".reader." in q]
     try:
-        check_depths(url, [q for q in queues if not q.endswith(".archive")], 0, "left after the run")
+        check_depths(url, [q for q in queues if q not in kept], 0, "left after the run")
     except Failed as exc:
         return Run(None, run.messages, run.peak_rss, str(exc))
     return run

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from benchmarks import scenarios as s
+from benchmarks import peers, scenarios as s
 from benchmarks.procs import Consumer
 
 
@@ -67,6 +67,26 @@ ROWS: tuple[Row, ...] = (
         s.events_consumer("solo", 1, mode="fail_once"), "events-solo", 0.4),
     Row("retry-prefork", "4 retry", "events fail once then succeed, prefork -c 2", "msgs/s",
         s.events_consumer("prefork", 2, mode="fail_once"), "events-prefork", 0.4),
+    Row("retry-inplace-solo", "4 retry", "events fail once then succeed, retried in the worker (retry_in_place_ms), "
+        "solo, prefetch 100", "msgs/s", s.events_consumer("solo", 1, mode="fail_once", prefetch=100, in_place_ms=100),
+        "events-solo", 0.4),
+    Row("retry-inplace-prefork", "4 retry", "events fail once then succeed, retried in the worker "
+        "(retry_in_place_ms), prefork -c 2, prefetch 100", "msgs/s",
+        s.events_consumer("prefork", 2, mode="fail_once", prefetch=100, in_place_ms=100), "events-prefork", 0.4),
+    Row("events-solo-400", "4 retry", "events no-op handler, solo, prefetch 400 (the next row's success path)",
+        "msgs/s", s.events_consumer("solo", 1, prefetch=400), "raw"),
+    Row("retry-inplace-solo-400", "4 retry", "events fail once then succeed, retried in the worker "
+        "(retry_in_place_ms), solo, prefetch 400", "msgs/s",
+        s.events_consumer("solo", 1, mode="fail_once", prefetch=400, in_place_ms=100), "events-solo-400", 0.4),
+    Row("events-prefork-400", "4 retry", "events no-op handler, prefork -c 2, prefetch 400 (the next row's "
+        "success path)", "msgs/s", s.events_consumer("prefork", 2, prefetch=400), "raw"),
+    Row("retry-inplace-prefork-400", "4 retry", "events fail once then succeed, retried in the worker "
+        "(retry_in_place_ms), prefork -c 2, prefetch 400", "msgs/s",
+        s.events_consumer("prefork", 2, mode="fail_once", prefetch=400, in_place_ms=100), "events-prefork-400", 0.4),
+    Row("reader-solo", "10 logs", "events of a log read by a no-op reader (@events.reader, in order, one at a time), "
+        "solo", "msgs/s", s.events_consumer("solo", 1, mode="reader"), "events-solo"),
+    Row("reader-prefork", "10 logs", "events of a log read by a no-op reader, prefork -c 2", "msgs/s",
+        s.events_consumer("prefork", 2, mode="reader"), "events-prefork"),
     Row("rss-celery", "4 retry", "Celery self.retry(countdown), RSS growth, {n_wait} waiting, prefork -c 2", "MiB",
         s.celery_countdown_rss()),
     Row("rss-events", "4 retry", "events Retry(delay), RSS growth, {n_wait} waiting in the ladder, prefork -c 2",
@@ -101,6 +121,13 @@ ROWS: tuple[Row, ...] = (
         s.events_consumer("prefork", 2, mode="await", share=0.1), "sleep-gevent", 0.8),
     Row("await-threads", "8 async", "events async def handler awaiting 50 ms, threads -c 2, N/10", "msgs/s",
         s.events_consumer("threads", 2, mode="await", share=0.1), "sleep-gevent"),
+    # Peer libraries, each in its own venv (benchmarks/.peers/, created on first use; benchmarks/peers.py).
+    Row("faststream", "9 peers", "faststream RabbitBroker (aio-pika), one process, prefetch 100", "msgs/s",
+        peers.faststream, "events-solo"),
+    Row("celery-message-consumer", "9 peers", "celery-message-consumer step, solo worker, PREFETCH_COUNT 100",
+        "msgs/s", peers.message_consumer, "events-solo"),
+    Row("celery-amqp-events", "9 peers", "celery-amqp-events handler (Celery task messages), solo, prefetch 100",
+        "msgs/s", peers.amqp_events, "events-solo"),
 )
 
 

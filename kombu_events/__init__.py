@@ -23,6 +23,7 @@ from .errors import (
     HeaderError,
     InvalidPayload,
     KombuEventsError,
+    PartitionsChangedError,
     PluginMissingError,
     Poisoned,
     PublishError,
@@ -44,7 +45,8 @@ __all__ = [
     "Degraded", "Unhealthy",
     "Published", "Backlog", "PublisherCheck",
     "KombuEventsError", "ConfigurationError", "DelayTooLongError", "TopologyConflictError", "PluginMissingError",
-    "PublishError", "UnroutableError", "ConfirmTimeoutError", "BrokerUnavailableError", "BacklogError",
+    "PartitionsChangedError", "PublishError", "UnroutableError", "ConfirmTimeoutError", "BrokerUnavailableError",
+    "BacklogError",
     "BacklogFullError",
     "DecodeError", "EncodeError", "InvalidPayload",
 ]

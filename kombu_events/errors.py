@@ -11,6 +11,7 @@ __all__ = [
     "seconds_to_ms",
     "KombuEventsError",
     "ConfigurationError",
+    "PartitionsChangedError",
     "PluginMissingError",
     "DelayTooLongError",
     "TopologyConflictError",
@@ -58,6 +59,12 @@ class TopologyConflictError(KombuEventsError):
 class PluginMissingError(KombuEventsError):
     """The topology needs a RabbitMQ plugin the broker has not enabled (an ordered handler's consistent-hash
     exchange); the message names it and the command that enables it."""
+
+
+class PartitionsChangedError(KombuEventsError):
+    """An ordered handler's partitions on the broker are not the app's (its ``partitions=`` changed, or a
+    change was left unfinished): nothing was declared; the message says to run ``kombu-events migrate
+    --partitions``."""
 
 
 class TopologyMissingError(KombuEventsError):

@@ -24,6 +24,7 @@ from .core.topology import Topology, build_topology
 from .core.wire import ORDER_KEY
 from .database import Backend, Inbox, Outbox, backend_for
 from .errors import ConfigurationError
+from .logbook import LogBook
 from .middleware.base import Hooks, Middleware
 from .middleware.stack import MiddlewareStack
 from .periodic.schedules import Schedules
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[[Any], Any])
 
 
-class Events:
+class Events(LogBook):
     """The events of one consuming service on a Celery app.
 
     ``service`` names every queue and exchange the service owns, so it must be
@@ -75,6 +76,7 @@ class Events:
         self._middleware = MiddlewareStack(middleware, self._django_connections)
         self._specs: list[HandlerSpec] = []
         self._handlers: tuple[Handler, ...] | None = None
+        self._init_logs()
         self.publishing = ServicePublisher(self, self._middleware.publishing, settings=lambda: self.settings,
                                            broker_url=lambda: self.broker_url, backlog=backlog,
                                            health_checks=health_checks, publisher_circuit=publisher_circuit, app=app)
@@ -197,7 +199,8 @@ class Events:
             raise ConfigurationError("once= needs Events(..., database='django' or an SQLAlchemy Engine): the inbox "
                                      "that drops duplicates is a table of the application's database")
         if self._inbox is None:
-            self._inbox = Inbox(self.database, lambda: {h.queue: h.once for h in self.handlers if h.once})
+            self._inbox = Inbox(self.database, lambda: {h.queue: h.once for h in self.handlers + self.readers
+                                                        if h.once})
             self._middleware.add(self._inbox)
 
     def health_check(self, *handlers: Callable[..., Any], interval_s: float = 10.0,
@@ -275,11 +278,11 @@ class Events:
     def routes(self) -> list[Route]:
         """What the process running each handler needs: handler, accepted types, middleware."""
         accept, limit = self.accept, self.settings.traceback_limit
-        return [Route(h, accept, limit, self.hooks, self.settings.max_body_bytes) for h in self.handlers]
+        return [Route(h, accept, limit, self.hooks, self.settings.max_body_bytes) for h in self.handlers + self.readers]
 
     def topology(self) -> Topology:
         """The full topology of this service (unbound kombu entities)."""
-        return build_topology(self.settings, self.handlers, self.schedules)
+        return build_topology(self.settings, self.handlers, self.schedules, self._logs, self._reader_specs())
 
     # -- publishing (publishing/service.py) -------------------------------------------------------
 
@@ -368,6 +371,7 @@ class Events:
     def _forget(self) -> None:
         """Handlers, schedules or checks changed: resolve the handlers and build the hooks again on next use."""
         self._handlers = None
+        self._forget_readers()
         self._middleware.forget()
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ import asyncio
 import os
 import sys
 import time
+from datetime import timedelta
 from typing import Any, Callable
 
 from celery import Celery
@@ -129,6 +130,10 @@ def build(app: Celery, *, service: str, exchange: str, mode: str = "noop", queue
     middleware = [_tracing(tracing)] if tracing else []
     events = Events(app, service=service, exchange=exchange, middleware=middleware, queue_type=queue_type,
                     **settings)
+    if mode == "reader":  # a log of the events and a no-op reader of it (from first), no handler queue
+        fn, _ = _handler("noop", wait_s)
+        events.reader(events.log(routing_key(0), keep=timedelta(hours=1)), name="r0")(fn)
+        return events
     for k in range(queues):
         fn, options = _handler(mode, wait_s)
         events.handler(routing_key(k), name=f"h{k}", **options)(fn)
@@ -142,6 +147,8 @@ def make_app(name: str, broker: str, task_queue: str) -> Celery:
     app.conf.task_default_queue = task_queue
     if os.environ.get("KEB_INFLIGHT_MAX_BYTES"):  # a Celery setting: a tree from before it ignores it
         app.conf.kombu_events_inflight_max_bytes = int(os.environ["KEB_INFLIGHT_MAX_BYTES"])
+    if os.environ.get("KEB_RETRY_IN_PLACE_MS"):  # retries in the worker (a tree from before it refuses it)
+        app.conf.kombu_events_retry_in_place_ms = int(os.environ["KEB_RETRY_IN_PLACE_MS"])
     return app
 
 

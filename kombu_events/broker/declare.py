@@ -31,8 +31,8 @@ _INEQUIVALENT = re.compile(r"inequivalent arg '([^']+)' for (queue|exchange) '([
 _INVALID = re.compile(r"invalid arg '([^']+)' for (queue|exchange) '([^']+)'")
 
 
-def conflict_error(exc: PreconditionFailed, kind: str, name: str) -> TopologyConflictError:
-    """A clear error for a PRECONDITION_FAILED on declaring ``kind`` ``name``."""
+def conflict_error(exc: PreconditionFailed, kind: str, name: str, role: str | None = None) -> TopologyConflictError:
+    """A clear error for a PRECONDITION_FAILED on declaring ``kind`` ``name`` (``role``: the topology's for it)."""
     text = str(getattr(exc, "reply_text", "") or exc)
     invalid = _INVALID.search(text)
     if invalid:  # not a conflict: RabbitMQ refuses the value itself
@@ -42,7 +42,11 @@ def conflict_error(exc: PreconditionFailed, kind: str, name: str) -> TopologyCon
     argument = found.group(1) if found else None
     what = f"argument {argument!r}" if argument else "set of arguments"
     fix = "Delete it (after draining it) or align the settings, then declare again."
-    if kind == "queue":  # the queue type, or any argument: migrate recreates it with its messages
+    if role == "log":  # a stream keeps the retention it was made with; migrate moves queues, not logs
+        fix = ("A log's stream keeps the retention it was made with: give the log a new `name=` (the old stream "
+               "stays until you delete it), or delete the stream, and every event it holds, to declare it anew "
+               "(docs/logs.md).")
+    elif kind == "queue":  # the queue type, or any argument: migrate recreates it with its messages
         fix += (" To recreate the service's queues with their messages (from classic to quorum, or back), stop its "
                 "workers and run `kombu-events migrate --to quorum` (or `--to classic`).")
     return TopologyConflictError(f"{kind} {name!r} already exists on the broker with a different {what}: {text}. {fix}",
@@ -145,7 +149,7 @@ def _declare_queue(topology: Topology, connection: Any, channel: Any, queue: Any
         legacy = bool(found) and topology.role(queue.name) == "archive" and _is_legacy_archive(connection, queue.name)
         allowed = tolerated(topology, queue.name)
         if not legacy and (not found or found.group(1) not in allowed):
-            raise conflict_error(exc, "queue", queue.name) from exc
+            raise conflict_error(exc, "queue", queue.name, topology.role(queue.name)) from exc
         differing = found.group(1) if found else "type"
     close_quietly(channel)
     channel = connection.channel()

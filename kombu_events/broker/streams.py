@@ -19,6 +19,7 @@ import logging
 import socket
 import time
 from collections import deque
+from datetime import datetime
 from typing import Any, Iterator
 
 from amqp.exceptions import PreconditionFailed
@@ -70,7 +71,7 @@ def offset_of(message: Any) -> int:
     return int((message.properties.get("application_headers") or {})[OFFSET_HEADER])
 
 
-def _consume(connection: Any, queue: str, start: int | str, prefetch: int, sink: Any) -> Any:
+def _consume(connection: Any, queue: str, start: int | str | datetime, prefetch: int, sink: Any) -> Any:
     channel = connection.channel()
     channel.auto_decode = False  # bodies exactly as stored
     channel.kombu_events_stopping = False
@@ -128,7 +129,7 @@ def last_chunk_offset(connection: Any, queue: str, *, wait_s: float = 3.0) -> in
         _stop(channel, got)
 
 
-def read(connection: Any, queue: str, *, start: int | str = "first", tail_wait_s: float = 3.0,
+def read(connection: Any, queue: str, *, start: int | str | datetime = "first", tail_wait_s: float = 3.0,
          settle_s: float = 0.2, stall_s: float = 60.0, prefetch: int = PREFETCH) -> Iterator[tuple[int, Any]]:
     """(offset, message) for each message of stream ``queue`` from ``start`` (an offset, or ``"first"``) to the
     end the read found when it began (see the module), in order, on a channel of its own closed when the
@@ -143,14 +144,14 @@ def read(connection: Any, queue: str, *, start: int | str = "first", tail_wait_s
             yield item
 
 
-def follow(connection: Any, queue: str, *, start: int | str = "first", idle_s: float = 0.5,
+def follow(connection: Any, queue: str, *, start: int | str | datetime = "first", idle_s: float = 0.5,
            prefetch: int = PREFETCH) -> Iterator[tuple[int, Any] | None]:
     """(offset, message) for each message of stream ``queue`` from ``start``, then each one appended, for as long
     as the caller iterates; None whenever nothing came for ``idle_s`` (the caller may stop there)."""
     return _records(connection, queue, start, None, idle_s, 0.0, prefetch)
 
 
-def _records(connection: Any, queue: str, start: int | str, end: int | None, settle_s: float, stall_s: float,
+def _records(connection: Any, queue: str, start: int | str | datetime, end: int | None, settle_s: float, stall_s: float,
              prefetch: int, reached: bool = False) -> Iterator[tuple[int, Any] | None]:
     arrived: deque[Any] = deque()
     channel = _consume(connection, queue, start, prefetch, arrived.append)

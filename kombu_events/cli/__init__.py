@@ -21,7 +21,7 @@ import click
 
 from ..broker import lenient_amqp
 from ..version import __version__
-from . import archive, asyncapi, backlog, console, inspect, outbox, permissions, publish, topology
+from . import archive, asyncapi, backlog, console, inspect, logs, outbox, permissions, publish, topology
 from .common import ERROR, Context, examples
 
 
@@ -75,6 +75,7 @@ cli.add_command(topology.migrate_queues)
 cli.add_command(asyncapi.asyncapi)
 cli.add_command(permissions.permissions)
 cli.add_command(console.console)
+cli.add_command(logs.log)
 
 examples(cli,
          "kombu-events -A proj.events declare --dry-run   # the topology, without connecting",

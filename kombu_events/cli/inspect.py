@@ -16,7 +16,8 @@ from ..core.config import MANAGEMENT_URL_ENV, check_management_url, management_b
 from ..core.logs import safe_text, safe_url
 from ..core.schedule import summary
 from ..errors import BrokerUnavailableError
-from ..ops.health import missing_exchanges, problems
+from ..ops.health import missing_exchanges, problems, reader_problems
+from ..ops.log_status import readers_of
 from ..ops.status import PAUSED, gather
 from ..periodic.tokens import now_ms, peek_state
 from .common import Context, emit_json, examples, failed, guarded, json_option, over_threshold
@@ -98,13 +99,18 @@ examples(status,
 @click.command()
 @json_option("health", "one JSON object on stdout instead: healthy, problems, queues")
 @click.option("--max-archive", type=click.IntRange(min=0), help="A problem when the archive holds more messages.")
+@click.option("--max-lag", type=click.IntRange(min=0),
+              help="A problem when a reader of a log is more events behind it (docs/logs.md).")
 @_management_url_option
 @click.pass_obj
 @guarded
-def health(obj: Context, as_json: bool, max_archive: int | None, management_url: str | None) -> None:
-    """Exit 0 when the broker is reachable, the topology exists and every handler queue has a consumer.
+def health(obj: Context, as_json: bool, max_archive: int | None, max_lag: int | None,
+           management_url: str | None) -> None:
+    """Exit 0 when the broker is reachable, the topology exists, every handler queue has a consumer and every
+    reader of a log a worker that reads it.
 
-    Exit 2 otherwise (also when the archive holds more than --max-archive messages),
+    Exit 2 otherwise (also when the archive holds more than --max-archive messages, or a reader is more than
+    --max-lag events behind its log),
     with one line per problem: a readiness check or an alert. Exit 1 when the
     broker cannot be reached (the one problem then).
     """
@@ -116,6 +122,7 @@ def health(obj: Context, as_json: bool, max_archive: int | None, management_url:
         with obj.connection() as conn:
             rows = gather(conn, topology, management_url)
             found = problems(rows, missing=missing_exchanges(conn, topology), max_archive=max_archive)
+            found += reader_problems(readers_of(conn, topology), max_lag=max_lag)
             name, version = broker_name(conn), reported_version(conn)
     except BrokerUnavailableError as exc:
         found, unreachable = [f"broker: {safe_text(str(exc))}"], True
@@ -135,7 +142,8 @@ def health(obj: Context, as_json: bool, max_archive: int | None, management_url:
 
 examples(health,
          "kombu-events -A proj.events health                  # exit 2 and one line per problem",
-         "kombu-events -A proj.events health --max-archive 100 --json   # for a readiness probe or an alert")
+         "kombu-events -A proj.events health --max-archive 100 --json   # for a readiness probe or an alert",
+         "kombu-events -A proj.events health --max-lag 10000   # a reader of a log 10,000 events behind: exit 2")
 
 
 @click.command()

@@ -1,7 +1,7 @@
 """The commands that shape the service's topology on the broker: ``declare`` prints it (``--dry-run``, as text
 or a Graphviz graph) or creates it, and ``migrate`` moves every queue of the service to quorum (or classic)
-queues through holding queues, or an earlier version's archive into the archive stream, without losing a
-message."""
+queues through holding queues, an earlier version's archive into the archive stream, or an ordered handler's
+events to a new count of partitions, without losing a message."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,11 +10,13 @@ from typing import Any, Callable, Iterable
 import click
 from kombu import Queue
 
-from ..broker.declare import declare
+from ..broker.declare import declare, require_plugins
+from ..broker.partitions import check_partitions
 from ..broker.version import QUORUM_QUEUES, require
+from ..core import names
 from ..core.logs import safe_url
 from ..core.topology import Topology, build_topology
-from ..ops import migrate, migrate_archive
+from ..ops import migrate, migrate_archive, repartition
 from ..ops.dot import to_dot
 from .common import Context, emit_json, examples, guarded, json_option
 
@@ -48,6 +50,7 @@ def declare_topology(obj: Context, dry_run: bool, fmt: str, as_json: bool) -> No
     with obj.connection() as conn:
         if topology.settings.queue_type == "quorum":
             require(conn, *QUORUM_QUEUES)
+        check_partitions(topology, conn)
         counts = declare(topology, conn)
     if as_json:
         emit_json({"service": topology.settings.service, "broker": safe_url(obj.url),
@@ -96,23 +99,29 @@ def _arguments(entity: Any, attribute: str) -> dict[str, Any]:
 @click.option("--archive", is_flag=True,
               help="Move the archive of an earlier version (a classic or quorum queue) into the archive stream, "
                    "every message with it; workers may run meanwhile.")
+@click.option("--partitions", is_flag=True,
+              help="Move the events waiting in each ordered handler's partitions to the app's count of partitions "
+                   "(after a change of partitions=), each key's in order; workers stopped.")
 @click.option("--dry-run", is_flag=True, help="Print what each queue holds and every step; change nothing.")
 @json_option("migrate", note=", each step's progress on stderr")
 @click.pass_obj
 @guarded
-def migrate_queues(obj: Context, to: str | None, archive: bool, dry_run: bool, as_json: bool) -> None:
-    """Move the service's queues to quorum (or classic) queues, or its archive of an earlier version to a
-    stream, without losing a message.
+def migrate_queues(obj: Context, to: str | None, archive: bool, partitions: bool, dry_run: bool,
+                   as_json: bool) -> None:
+    """Move the service's queues to quorum (or classic) queues, its archive of an earlier version to a
+    stream, or its ordered handlers' events to a new count of partitions, without losing a message.
 
-    With --to, stop the service's workers first: a queue with a consumer is refused. A run that
-    stopped anywhere is finished by running the command again.
+    With --to and --partitions, stop the service's workers first: a queue with a consumer is refused.
+    A run that stopped anywhere is finished by running the command again.
     """
-    if archive == bool(to):
-        raise click.UsageError("give --to quorum|classic (the service's queues) or --archive (its archive)")
-    if archive:
+    if [bool(to), archive, partitions].count(True) != 1:
+        raise click.UsageError("give one of --to quorum|classic (the service's queues), --archive (its archive) "
+                               "or --partitions (its ordered handlers' partitions)")
+    if archive or partitions:
         if as_json:
-            raise click.UsageError("--archive prints text only (no JSON document yet)")
-        _migrate_archive(obj, dry_run)
+            raise click.UsageError(f"--{'archive' if archive else 'partitions'} prints text only (no JSON document "
+                                   "yet)")
+        (_migrate_archive if archive else _migrate_partitions)(obj, dry_run)
         return
     assert to is not None
     _migrate_queue_type(obj, to, dry_run, as_json)
@@ -179,6 +188,46 @@ def _queue_entry(states: dict[str, migrate.QueueState], name: str) -> dict[str, 
             "holding_messages": holding.messages if holding.exists else None}
 
 
+def _migrate_partitions(obj: Context, dry_run: bool) -> None:
+    """``migrate --partitions``: each ordered handler's partitions on the broker, the steps, the counts."""
+    events = obj.events
+    topology = events.topology()
+    sets = topology.partition_sets()
+    if not sets:
+        click.echo(f"service {events.service} has no ordered handler (ordered_by=): nothing to do")
+        return
+    with obj.connection() as conn:
+        require_plugins(topology, conn)
+        for partitions in sets:
+            observed = repartition.observe(conn, partitions)
+            steps = repartition.repartition_steps(observed)
+            found = f"{len(observed.existing)} partition queue(s) on the broker, {observed.waiting} event(s) waiting"
+            if observed.holding is not None:
+                holding = names.holding_partitions(partitions.queue)
+                found += f", {observed.holding.messages} in {holding} from an unfinished run"
+            click.echo(f"{partitions.queue}: {found}; the app declares {len(partitions.queues)}")
+            if not steps:
+                click.echo("  nothing to do")
+                continue
+            if dry_run:
+                _say_steps(steps, indent="  ")
+                continue
+            for exchange in topology.exchanges:  # what the partitions and the holding queue bind to (idempotent)
+                exchange.bind(conn.default_channel).declare()
+            moved = repartition.execute(conn, topology, partitions, steps, report=lambda line: click.echo(f"  {line}"))
+            click.echo(f"moved {partitions.queue} to {len(partitions.queues)} partitions: {moved['partitions']} "
+                       f"event(s) from the partitions, {moved['held']} published meanwhile, {moved['switch']} in "
+                       "the instant of the switch (these may run after a later event of their key)")
+
+
+def _say_steps(steps: Iterable[Any], indent: str = "") -> None:
+    """A dry run's steps, one line each, under a line that counts them."""
+    steps = list(steps)
+    click.echo(f"{indent}dry run: {len(steps)} step(s) would run:")
+    for step in steps:
+        click.echo(f"{indent}  {step.describe()}")
+
+
 def _migrate_archive(obj: Context, dry_run: bool) -> None:
     """``migrate --archive``: the archive's state, the steps, and the counts of the move."""
     topology = obj.events.topology()
@@ -196,9 +245,7 @@ def _migrate_archive(obj: Context, dry_run: bool) -> None:
                        f"the archive {name} does not exist: `kombu-events declare` makes it a stream")
             return
         if dry_run:
-            click.echo(f"dry run: {len(steps)} step(s) would run:")
-            for step in steps:
-                click.echo(f"  {step.describe()}")
+            _say_steps(steps)
             return
         for exchange in topology.exchanges:  # the archive exchange, at least (idempotent)
             exchange.bind(conn.default_channel).declare()
@@ -215,4 +262,5 @@ def _migrate_archive(obj: Context, dry_run: bool) -> None:
 examples(migrate_queues,
          "kombu-events -A proj.events migrate --to quorum --dry-run   # what each queue holds, every step",
          "kombu-events -A proj.events migrate --to quorum             # workers stopped; then set queue_type",
-         "kombu-events -A proj.events migrate --archive               # an earlier version's archive to a stream")
+         "kombu-events -A proj.events migrate --archive               # an earlier version's archive to a stream",
+         "kombu-events -A proj.events migrate --partitions            # workers stopped, after partitions= changed")

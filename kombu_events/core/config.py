@@ -49,6 +49,7 @@ LIMITS = {
     "inbox_retention_ms": (0, 2**53),
     "outbox_poll_interval_ms": (1, 3_600_000),
     "outbox_batch_size": (1, 10_000),
+    "retry_in_place_ms": (0, 60_000),
 }
 
 #: Integer settings that may be left unset (None): the library then picks (see auto_prefetch).
@@ -99,6 +100,9 @@ class Settings:
     outbox_poll_interval_ms: int = 200
     #: Outbox rows one relay pass claims, publishes (pipelined confirms) and deletes in one transaction.
     outbox_batch_size: int = 100
+    #: A retry whose delay is at most this runs again in the worker after its delay, the message held unacked,
+    #: instead of going through the ladder (0: every retry goes through the ladder). docs/failures.md
+    retry_in_place_ms: int = 0
     #: RabbitMQ's management API (``https://rabbitmq.internal:15671``), asked with the broker connection's
     #: credentials by ``status``, ``health``, the console and a ``declare=False`` worker's check. None:
     #: ``http://<broker host>:15672`` (which that worker does not ask over a TLS broker connection).

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 __all__ = ["Delivery", "read_delivery", "UNREADABLE"]
 
+from collections import abc  # isinstance() against abc.Mapping, not typing.Mapping: faster, for every message
 from typing import Any, Mapping, NamedTuple
 
 from ..errors import HeaderError
@@ -35,7 +36,7 @@ class Delivery(NamedTuple):
     def headers(self) -> Mapping[str, Any]:
         """The message's application headers (empty if it has none, or they are not a table)."""
         headers = self.properties.get("application_headers")
-        return headers if isinstance(headers, Mapping) else {}
+        return headers if isinstance(headers, abc.Mapping) else {}
 
     @property
     def message_id(self) -> Any:
@@ -66,7 +67,7 @@ def read_delivery(
     redelivered = bool(delivery_info.get("redelivered"))
     if not isinstance(body, bytes):
         body = _body_bytes(body)
-    if not isinstance(properties, Mapping):
+    if not isinstance(properties, abc.Mapping):
         return Delivery(queue, routing_key, body, {}, redelivered=redelivered, received=received,
                         unreadable=f"message properties are not a table: {type(properties).__name__}")
     unreadable = str(properties.get(UNREADABLE) or "") or _not_utf8(routing_key)
@@ -74,7 +75,7 @@ def read_delivery(
     if not headers:  # the common case: a message straight from a publisher that sets no headers
         return Delivery(queue, routing_key, body, properties, 1, 0, redelivered, unreadable, received)
     try:
-        if not isinstance(headers, Mapping):
+        if not isinstance(headers, abc.Mapping):
             raise HeaderError("application_headers", f"must be a table, got {type(headers).__name__}")
         attempt = wire.attempt_of(headers, queue)
         redeliveries = wire.redeliveries_of(headers, redelivered=redelivered)

@@ -61,6 +61,9 @@ class Handler:
     #: A partition's ordered handler queue (the name of its consistent-hash exchange's source) and its index.
     partition_of: str | None = None
     partition: int | None = None
+    #: A reader of a log (a :class:`~kombu_events.core.readers.Reader`, docs/logs.md): ``queue`` is then its lock
+    #: queue, and it reads the log's stream. (``Any``: core.readers imports what imports this module.)
+    reader: Any = None
 
 
 def validate_binding_key(key: object) -> str:

@@ -7,6 +7,10 @@ __all__ = [
     "handler_queue",
     "partition_exchange",
     "partition_queue",
+    "partitioned_queue",
+    "partition_name",
+    "holding_partitions",
+    "staging_partitions",
     "delay_name",
     "delay_prefix",
     "delivery_exchange",
@@ -61,10 +65,32 @@ def partition_exchange(queue: str) -> str:
     return f"{queue}.partitions"
 
 
+def partitioned_queue(exchange: str) -> str:
+    """The ordered handler queue whose consistent-hash exchange is ``exchange``."""
+    return exchange[:-len(".partitions")] if exchange.endswith(".partitions") else exchange
+
+
+def partition_name(queue: str, index: int, width: int) -> str:
+    """Partition ``index`` of ``queue`` when the count of partitions has ``width`` digits (zero-padded)."""
+    return f"{queue}.p{index:0{width}d}"
+
+
+def holding_partitions(queue: str) -> str:
+    """The queue that holds an ordered handler's new events while its partitions change
+    (``kombu-events migrate --partitions``): ``<handler queue>.repartitioning``."""
+    return f"{queue}.repartitioning"
+
+
+def staging_partitions(queue: str) -> str:
+    """The queue that takes the events waiting in an ordered handler's partitions, in order, while they change:
+    ``<handler queue>.repartitioning.old``."""
+    return f"{queue}.repartitioning.old"
+
+
 def partition_queue(queue: str, index: int, partitions: int) -> str:
     """Partition ``index`` of an ordered handler's ``partitions``: ``<handler queue>.p<index>``, zero-padded so
     that the partitions sort in order (``orders.p00`` .. ``orders.p15``)."""
-    return f"{queue}.p{index:0{len(str(partitions - 1))}d}"
+    return partition_name(queue, index, len(str(partitions - 1)))
 
 
 def delay_name(service: str, level: int) -> str:

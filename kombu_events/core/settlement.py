@@ -60,12 +60,17 @@ class Republish:
 
 @dataclass(frozen=True)
 class Rerun:
-    """Keep the message (unacked) and run its handler again after ``delay_ms``, with the next attempt: the retry
-    of an ordered handler whose failing event holds its partition (``hold_failures=True``, docs/ordering.md)."""
+    """Keep the message (unacked) and run its handler again after ``delay_ms``, as ``attempt``: a retry within
+    the ``retry_in_place_ms`` setting (docs/failures.md), or the retry (or requeue) of an ordered handler whose
+    failing event holds its partition (``hold_failures=True``, docs/ordering.md)."""
 
     action: ClassVar[str] = "rerun"
     delay_ms: float = 0
     reason: str = ""
+    #: The counters of the run to come: a retry spends an attempt; a requeue (a broker redelivery, a deferral)
+    #: spends none and counts the redelivery, as its copy through the ladder would.
+    attempt: int = 1
+    redeliveries: int = 0
 
 
 Step = Union[Ack, Republish, Hold, Rerun]
@@ -83,11 +88,13 @@ def plan(
     userid: str | None = None,
     rand: Callable[[], float] = random.random,
     hold: bool = False,
+    in_place_ms: float = 0,
 ) -> Step:
     """The first step that settles ``delivery`` after its attempt ended with ``outcome``.
 
     ``hold``: a retry (or a requeue) runs the handler again in place, after the same delay (:class:`Rerun`),
-    instead of going through the ladder while later messages of the queue pass it.
+    instead of going through the ladder while later messages of the queue pass it. ``in_place_ms``: so does a
+    retry whose delay is at most that (the ``retry_in_place_ms`` setting; 0: none).
     """
     settings = topology.settings
     redeliveries = delivery.redeliveries + (outcome.kind == REDELIVERED)
@@ -98,8 +105,10 @@ def plan(
         return ACK
     if decision.action == "archive":
         return archive_step(delivery, outcome, decision.reason, topology=topology, userid=userid)
-    if hold:
-        return Rerun(decision.delay_ms, decision.reason)
+    in_place = decision.action == "retry" and in_place_ms > 0 and decision.delay_ms <= in_place_ms
+    if hold or in_place:
+        attempt = delivery.attempt + 1 if decision.action == "retry" else delivery.attempt
+        return Rerun(decision.delay_ms, decision.reason, attempt, redeliveries)
     if decision.action == "retry":
         headers = wire.retry_headers(delivery.headers, attempt=delivery.attempt, routing_key=delivery.routing_key,
                                      error=outcome.exception or decision.reason)

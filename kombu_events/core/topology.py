@@ -1,18 +1,20 @@
 """The topology of one service as unbound kombu entities (docs/topology.md); no I/O."""
 from __future__ import annotations
 
-__all__ = ["Address", "ExchangeBinding", "Topology", "build_topology", "NO_DELIVERY_LIMIT", "SHARED_ROLES",
-           "TYPE_ARGUMENTS", "archive_segment_bytes", "ARCHIVE_SEGMENT_BYTES"]
+__all__ = ["Address", "ExchangeBinding", "PartitionSet", "Topology", "build_topology", "NO_DELIVERY_LIMIT",
+           "SHARED_ROLES", "TYPE_ARGUMENTS", "archive_segment_bytes", "ARCHIVE_SEGMENT_BYTES"]
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, NamedTuple
 
 from kombu import Exchange, Queue, binding
 
-from ..errors import DelayTooLongError
+from ..errors import ConfigurationError, DelayTooLongError
 from . import ladder, names, ordering
 from .config import Settings
+from .event_log import EventLog, log_streams
 from .handlers import Handler
+from .readers import Reader, reader_queues
 
 if TYPE_CHECKING:
     from .schedule import Schedule
@@ -41,6 +43,18 @@ class ExchangeBinding:
     routing_key: str
 
 
+@dataclass(frozen=True)
+class PartitionSet:
+    """An ordered handler's partitions (docs/ordering.md): ``queue``, the handler's queue name, which names
+    them; ``exchange``, its consistent-hash exchange; ``sources``, the (exchange, binding key) pairs that feed
+    it; ``queues``, its partition queues in order."""
+
+    queue: str
+    exchange: str
+    sources: tuple[tuple[str, str], ...]
+    queues: tuple[Queue, ...]
+
+
 class Address(NamedTuple):
     """Where to publish a message so that it reaches a queue after a delay."""
 
@@ -57,6 +71,10 @@ class Topology:
     exchanges: tuple[Exchange, ...]
     queues: tuple[Queue, ...]
     exchange_bindings: tuple[ExchangeBinding, ...]
+    #: The service's logs of events (``events.log(...)``), whose streams are among ``queues``.
+    logs: tuple[EventLog, ...] = ()
+    #: The readers of those logs (``@events.reader``), whose two queues each are among ``queues``.
+    readers: tuple[Reader, ...] = ()
 
     @property
     def handler_queues(self) -> tuple[Queue, ...]:
@@ -66,8 +84,13 @@ class Topology:
     def role(self, queue: str) -> str:
         """What ``queue`` is for: ``handler``, ``delay`` (the service's ladder), ``archive``,
         ``deferred`` (the events exchange's ladder for delayed publishing), ``unrouted``, ``schedule``
-        (a periodic schedule's token queue) or ``state`` (its state queue)."""
+        (a periodic schedule's token queue), ``state`` (its state queue), ``log`` (a log of events' stream) or
+        ``reader`` (a reader's lock queue and its position queue)."""
         s = self.settings
+        if any(log.queue == queue for log in self.logs):
+            return "log"
+        if any(queue in (r.queue, r.position_queue) for r in self.readers):
+            return "reader"
         if queue == names.archive_name(s.service):
             return "archive"
         if queue.startswith(names.schedule_prefix(s.service)):
@@ -122,6 +145,22 @@ class Topology:
         if level is None:
             return names.delivery_exchange(self.settings.service)
         return names.delay_name(self.settings.service, level)
+
+    def partition_sets(self) -> list[PartitionSet]:
+        """Each ordered handler's partitions: its hash exchange, what feeds it, its partition queues in order."""
+        sets: list[PartitionSet] = []
+        for exchange in self.exchanges:
+            if exchange.type != ordering.HASH_EXCHANGE_TYPE:
+                continue
+            queues = tuple(q for q in self.queues if any(b.exchange.name == exchange.name for b in q.bindings))
+            sources = tuple((link.source.name, link.routing_key) for link in self.exchange_bindings
+                            if link.destination.name == exchange.name)
+            sets.append(PartitionSet(names.partitioned_queue(exchange.name), exchange.name, sources, queues))
+        return sets
+
+    def delivery_key(self, queue: str) -> str:
+        """The binding key of ``queue`` on the delivery exchange (what the ladder brings back to it)."""
+        return ladder.delivery_pattern(levels=self.settings.delay_levels, queue=queue)
 
     @property
     def archive_exchange(self) -> str:
@@ -286,9 +325,10 @@ def _state_queue(settings: Settings, schedule: Schedule) -> Queue:
     return Queue(schedule.state_queue, durable=True, queue_arguments=args)
 
 
-def build_topology(settings: Settings, handlers: Iterable[Handler], schedules: Iterable[Schedule] = ()) -> Topology:
+def build_topology(settings: Settings, handlers: Iterable[Handler], schedules: Iterable[Schedule] = (),
+                   logs: Iterable[EventLog] = (), readers: Iterable[Reader] = ()) -> Topology:
     """Build the service's topology: handler queues (a schedule's token queue is one), ladder levels
-    N-1..0, delivery, archive, the schedules' state queues, then the events exchange's
+    N-1..0, delivery, archive, the logs' streams, the schedules' state queues, then the events exchange's
     delayed-publishing ladder (unless ``publish_delay_levels`` is 0)."""
     events = Exchange(settings.exchange, "topic", durable=True)
     delivery = Exchange(names.delivery_exchange(settings.service), "topic", durable=True)
@@ -302,9 +342,21 @@ def build_topology(settings: Settings, handlers: Iterable[Handler], schedules: I
         name=lambda level: names.delay_name(settings.service, level))
     archive_exchange, archive_queue = _archive(settings)
     state_queues = [_state_queue(settings, schedule) for schedule in schedules]
+    logs = tuple(logs)
+    streams = log_streams(logs, events, due, settings.publish_delay_levels,
+                          taken=[*handler_queues, *level_queues, archive_queue, *state_queues, *shared_queues])
+    readers = tuple(readers)
+    own = reader_queues(readers)
+    taken = {q.name for q in (*handler_queues, *level_queues, archive_queue, *streams, *state_queues, *shared_queues)}
+    for queue in own:
+        if queue.name in taken:
+            raise ConfigurationError(f"the queue {queue.name!r} of a reader has the name of another queue of the "
+                                     "service: give the reader (or the handler) another name=")
     return Topology(
         settings=settings,
         exchanges=(events, *hash_exchanges, *level_exchanges, delivery, archive_exchange, *shared_exchanges),
-        queues=(*handler_queues, *level_queues, archive_queue, *state_queues, *shared_queues),
+        queues=(*handler_queues, *level_queues, archive_queue, *streams, *own, *state_queues, *shared_queues),
         exchange_bindings=(*hash_links, *links, *shared_links),
+        logs=logs,
+        readers=readers,
     )

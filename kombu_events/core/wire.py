@@ -16,6 +16,7 @@ __all__ = [
 ]
 
 import uuid
+from collections import abc  # isinstance() against abc.Mapping, not typing.Mapping: faster, for every message
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -80,7 +81,7 @@ def _deaths(headers: Mapping[str, Any], queue: str) -> list[Mapping[str, Any]]:
         return []
     if not isinstance(deaths, list):
         raise HeaderError("x-death", f"must be an array of tables, got {_show(deaths)}")
-    if not all(isinstance(death, Mapping) for death in deaths):
+    if not all(isinstance(death, abc.Mapping) for death in deaths):
         raise HeaderError("x-death", "must be an array of tables, found an entry that is not a table")
     return [death for death in deaths if death.get("queue") == queue]
 

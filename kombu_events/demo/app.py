@@ -9,6 +9,9 @@ from kombu_events import Event, Events, Exponential
 
 app = Celery("demo", broker=os.environ.get("RABBIT_URL", "amqp://guest:guest@127.0.0.1:5672//"))
 app.conf.broker_connection_retry_on_startup = True
+# Celery's default is 4 s; a busy machine (a CI run beside a second RabbitMQ node) once took longer to accept
+# the connection that sends add(2, 3), and the demo failed for that alone.
+app.conf.broker_connection_timeout = 30
 app.conf.task_default_queue = "kombu-events-demo.tasks"  # the demo's own, deleted with the rest (not `celery`)
 events = Events(app, service="kombu-events-demo", exchange="kombu-events-demo",
                 backoff=Exponential(base_ms=1000, max_delay_ms=4000), max_retries=3)

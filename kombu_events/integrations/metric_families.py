@@ -95,6 +95,10 @@ class Counts(Protocol):
     def outbox(self) -> Mapping[str, tuple[int, float | None]]:
         """(rows waiting, the oldest one's age in seconds or None) of each service's outbox."""
 
+    @property
+    def readers(self) -> Mapping[tuple[str, str], tuple[int, int]]:
+        """(position, lag) of each (service, reader) of a log whose position was written."""
+
 
 class Families:
     """The collector of one ``PrometheusMetrics``'s counts, registered on its registry."""
@@ -104,7 +108,7 @@ class Families:
 
     def describe(self) -> Iterator[Metric]:
         """The families' names, without samples (for the registry's duplicate check)."""
-        return iter([*_empty(), *_outbox_families(), _archive_bytes_family()])
+        return iter([*_empty(), *_outbox_families(), _archive_bytes_family(), *_reader_families()])
 
     def collect(self) -> Iterator[Metric]:
         """Every family, from a snapshot of the counts (the event loop may change them meanwhile)."""
@@ -134,8 +138,22 @@ class Families:
         archive_bytes = _archive_bytes_family()
         for service, size in sorted(self.metrics.archive_bytes.items()):
             archive_bytes.add_metric([service], size)
+        reader_position, reader_lag = _reader_families()
+        for (service, name), (position, lag) in sorted(self.metrics.readers.items()):
+            reader_position.add_metric([service, name], position)
+            reader_lag.add_metric([service, name], lag)
         return iter([messages, duration, in_flight, exceptions, queue_depth, ladder, archive, circuit, unhandled,
-                     outbox_depth, outbox_age, archive_bytes])
+                     outbox_depth, outbox_age, archive_bytes, reader_position, reader_lag])
+
+
+def _reader_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """A log's readers (docs/logs.md): where each is, and how far behind its log's last event."""
+    return (
+        GaugeMetricFamily("kombu_events_reader_position", "The next offset a reader of a log reads, as its worker "
+                          "last wrote it (read by the worker every 15 s).", labels=["service", "reader"]),
+        GaugeMetricFamily("kombu_events_reader_lag", "Events of a log after its reader's position (read by the "
+                          "worker every 15 s).", labels=["service", "reader"]),
+    )
 
 
 def _archive_bytes_family() -> GaugeMetricFamily:

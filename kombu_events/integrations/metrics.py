@@ -32,6 +32,7 @@ from ..core import decision
 from ..errors import UnroutableError
 from ..middleware.base import Middleware
 from ..ops.archive import ArchiveCounter, LegacyArchiveError
+from ..ops.log_status import position_of, reader_status
 from ..ops.status import DepthTarget, depth_targets, read_depths
 from ..registry import EventsService
 from .metric_families import BUCKETS, CIRCUIT_STATES, UNHANDLED_REASONS, Families
@@ -106,6 +107,8 @@ class PrometheusMetrics(Middleware):
         self._archive_watches: dict[str, threading.Thread] = {}
         #: (rows waiting, the oldest one's age in seconds or None) of each service's outbox, as its relay last read.
         self.outbox: dict[str, tuple[int, float | None]] = {}
+        #: (position, lag) of each (service, reader) of a log, read with the archive's count.
+        self.readers: dict[tuple[str, str], tuple[int, int]] = {}
         # Publishing happens in pool processes too: a real Counter, kept in files in multiprocess mode.
         self.published = Counter("kombu_events_published", "Events published with events.publish/publish_many.",
                                  ["exchange", "status"], registry=self.registry)
@@ -151,6 +154,7 @@ class PrometheusMetrics(Middleware):
                     while True:
                         self.archive_depths[service] = counter.count(conn)
                         self.archive_bytes[service] = counter.bytes
+                        self._read_readers(conn, counter.topology, service)
                         failures = 0
                         time.sleep(REFRESH_S)
             except LegacyArchiveError:
@@ -164,6 +168,18 @@ class PrometheusMetrics(Middleware):
                            "kombu-events: counting the archive of service %s failed; trying again in %g s", service,
                            wait_s, exc_info=failures > 1)
                 time.sleep(wait_s)
+
+    def _read_readers(self, conn: Any, topology: Any, service: str) -> None:
+        """Each reader's position and lag (its log's last offset read once per log), into the gauges."""
+        for log in topology.logs:
+            readers = [r for r in topology.readers if r.log.name == log.name]
+            if not readers:
+                continue
+            _first, last = position_of(conn, log.queue, wait_s=1.0)
+            for reader in readers:
+                status = reader_status(conn, reader, last)
+                if status.position is not None and status.lag is not None:
+                    self.readers[(service, reader.name)] = (status.position, status.lag)
 
     def received(self, delivery: Any) -> None:
         """One more message in flight."""

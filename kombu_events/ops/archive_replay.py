@@ -125,13 +125,16 @@ def _sendable(connection: Any, topology: Topology, chosen: list[ArchivedMessage]
               ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
     """``chosen`` split in two: the copies their queue (or ``to_queue``) can take, and the others with why not."""
     handler_queues = {q.name for q in topology.queues if topology.role(q.name) in ("handler", "schedule")}
+    readers = {r.queue for r in topology.readers}
     why_not: dict[str, str | None] = {}
     sendable: list[ArchivedMessage] = []
     kept: list[tuple[ArchivedMessage, str]] = []
     for message in chosen:
         queue = to_queue or message.queue
         if queue not in why_not:
-            why_not[queue] = _unsendable(connection, queue, handler_queues)
+            why_not[queue] = (f"{queue!r} is a reader of a log, which takes no events: `kombu-events log rewind` "
+                              "runs its events again (or replay it to a handler's queue from the console)"
+                              if queue in readers else _unsendable(connection, queue, handler_queues))
         reason = why_not[queue]
         if reason is None:
             sendable.append(message)

@@ -30,6 +30,7 @@ from kombu.utils.url import parse_url
 from ..core import ladder
 from ..core.config import Settings
 from ..core.contracts import Contract, Publication
+from ..core.event_log import EventLog
 from ..core.handlers import Handler
 from ..core.topology import Topology
 from ..errors import DelayTooLongError
@@ -77,6 +78,8 @@ def document(service: Service, *, broker_url: str | None = None, version: str = 
         build.handler(handler)
     for publication in sorted(service.publications, key=lambda p: (p.pattern, p.contract.name)):
         build.publication(publication)
+    for log in topology.logs:
+        build.log(log)
     return {
         "asyncapi": ASYNCAPI,
         "info": {"title": service.service, "version": version,
@@ -178,6 +181,21 @@ class _Build:
             "x-kombu-events-bindings": [{"exchange": self.settings.exchange, "routingKey": k} for k in keys],
             "x-kombu-events-arguments": dict(sorted((queue.queue_arguments or {}).items())),
         }
+
+    def log(self, log: EventLog) -> None:
+        """A channel for a log's stream, with no operation: the broker appends to it, nothing receives from it yet."""
+        queue = next(q for q in self.topology.queues if q.name == log.queue)
+        channel = self._queue_channel(queue, list(log.binding_keys), [])
+        kept = " and ".join(filter(None, [f"for {_duration(log.keep_s * 1000)}" if log.keep_s else "",
+                                          f"up to {_size(log.max_bytes)}" if log.max_bytes else ""]))
+        channel.update({"title": f"log {log.name}", "description": (
+            f"The log `{log.name}`: the RabbitMQ stream `{log.queue}` keeps every event of its binding keys, "
+            f"whoever published it, in the order the broker took them, {kept} (whole segments of "
+            f"{_size(log.segment_bytes)} are removed). `kombu-events log status` shows its offsets."),
+            "x-kombu-events-log": {"name": log.name, "maxAge": log.queue_arguments().get("x-max-age"),
+                                   "maxBytes": log.max_bytes, "segmentBytes": log.segment_bytes}})
+        del channel["messages"]
+        self.channels[unique_key(component_key(log.queue), {*self.channels, _EXCHANGE})] = channel
 
     def publication(self, publication: Publication) -> None:
         """A message on the events exchange channel, a send operation."""

@@ -23,7 +23,8 @@ way: :mod:`kombu_events.ops.migrate_archive`.
 """
 from __future__ import annotations
 
-__all__ = ["QueueState", "MigrationStep", "migration_steps", "observe", "execute", "holding_name", "MigrationError"]
+__all__ = ["QueueState", "MigrationStep", "migration_steps", "observe", "execute", "holding_name", "MigrationError",
+           "move", "transfer"]
 
 import logging
 from dataclasses import dataclass
@@ -249,6 +250,18 @@ def move(connection: Any, source: str, target: str, batch: int = 200, *, copy: C
 
     ``copy`` makes each copy (default: the same body and properties, see :func:`copy_properties`).
     """
+    return transfer(connection, source, lambda message: ("", target), batch=batch, copy=copy, to=target)
+
+
+#: Where a message taken from a queue is sent: (exchange, routing key).
+Address = Callable[[Any], "tuple[str, str]"]
+
+
+def transfer(connection: Any, source: str, address: Address, *, to: str, batch: int = 200,
+             copy: Copy | None = None, until: Callable[[], bool] | None = None) -> int:
+    """Send every message of ``source`` to ``address(message)``, mandatory and confirmed, and ack it once its
+    copy is confirmed, until ``source`` is empty (or ``until()`` says stop, checked between batches); how
+    many moved. ``to`` names where they go, for the error."""
     channel = connection.channel()
     channel.auto_decode = False  # bodies as they are
     confirmer = Confirmer(channel)
@@ -257,7 +270,7 @@ def move(connection: Any, source: str, target: str, batch: int = 200, *, copy: C
     failures: list[str] = []
     moved = 0
     try:
-        while not failures:
+        while not failures and not (until is not None and until()):
             got = taken = 0
             while got < batch:
                 message = channel.basic_get(source, no_ack=False)
@@ -269,7 +282,7 @@ def move(connection: Any, source: str, target: str, batch: int = 200, *, copy: C
                     channel.basic_ack(message.delivery_tag)
                     continue
                 taken += 1
-                confirmer.publish(Message(made[0], **made[1]), "", target,
+                confirmer.publish(Message(made[0], **made[1]), *address(message),
                                   on_ok=_acker(channel, message.delivery_tag), on_fail=failures.append)
             while confirmer.pending:
                 connection.drain_events(timeout=30)
@@ -279,8 +292,8 @@ def move(connection: Any, source: str, target: str, batch: int = 200, *, copy: C
     finally:
         close_quietly(channel)  # what was not acked goes back to ``source``
     if failures:
-        raise MigrationError(f"moving {source} -> {target}: the broker refused a copy ({failures[0]}); "
-                             "its original stays in place: run the command again")
+        raise MigrationError(f"moving {source} -> {to}: the broker refused a copy "
+                             f"({failures[0]}); its original stays in place: run the command again")
     return moved
 
 

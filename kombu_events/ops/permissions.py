@@ -114,12 +114,14 @@ def _published_to(topology: Topology) -> list[str]:
 def runtime_grant(topology: Topology, celery: CeleryEntities) -> Grant:
     """Workers with ``declare=False`` and publishers: configure on Celery's entities only; write on the exchanges
     they publish to (and the default exchange, for the schedules' state queues); read on the queues they consume
-    (handlers, schedules' tokens) and read (schedules' states, the archive stream: the metrics count it)."""
+    (handlers, schedules' tokens, readers' lock queues) and read (schedules' states, readers' positions, the archive
+    stream: the metrics count it; the logs' streams: readers and ``log status`` read them). The broker appends to a
+    log itself: nobody writes to its stream."""
     consumed = [q.name for q in topology.queues
-                if topology.role(q.name) in ("handler", "schedule", "state", "archive")]
+                if topology.role(q.name) in ("handler", "schedule", "state", "archive", "log", "reader")]
     written = _published_to(topology)
-    if any(topology.role(q.name) == "state" for q in topology.queues):
-        written.append("amq.default")  # a schedule's state is written through the default exchange
+    if any(topology.role(q.name) in ("state", "reader") for q in topology.queues):
+        written.append("amq.default")  # a schedule's state, a reader's position: written through the default exchange
     own = (*celery.task_queues, *celery.exchanges)
     return Grant(configure=pattern(own, celery.made_up_queues),
                  write=pattern([*written, *own], celery.made_up_queues),

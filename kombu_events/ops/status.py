@@ -7,8 +7,8 @@ service's ``management_url`` setting, else ``http://<broker host>:15672``).
 """
 from __future__ import annotations
 
-__all__ = ["QueueStatus", "gather", "queue_state", "holder", "CONSUMING", "PAUSED", "DepthTarget", "depth_targets",
-           "read_depths"]
+__all__ = ["QueueStatus", "gather", "queue_statistics", "queue_state", "holder", "CONSUMING", "PAUSED", "DepthTarget",
+           "depth_targets", "read_depths"]
 
 import base64
 import json
@@ -63,7 +63,8 @@ def queue_state(role: str, consumers: int | None) -> str | None:
     return CONSUMING if consumers else PAUSED
 
 
-def _management(connection: Any, queue: str, base_url: str) -> dict[str, Any] | None:
+def queue_statistics(connection: Any, queue: str, base_url: str) -> dict[str, Any] | None:
+    """The management API's record of ``queue`` (asked with the connection's credentials); None if it cannot be had."""
     vhost = urllib.parse.quote(connection.virtual_host or "/", safe="")
     url = f"{base_url.rstrip('/')}/api/queues/{vhost}/{urllib.parse.quote(queue, safe='')}"
     token = base64.b64encode(f"{connection.userid}:{connection.password}".encode()).decode()
@@ -97,7 +98,7 @@ def gather(connection: Any, topology: Topology, management_url: str | None = Non
             found.append(_archive_status(connection, topology, read) if archived is None
                          else QueueStatus(name, role, archived, 0, read.consumers))
             continue
-        api = _management(connection, name, management_url) if use_api else None
+        api = queue_statistics(connection, name, management_url) if use_api else None
         use_api = api is not None
         unacked = api.get("messages_unacknowledged") if api else None
         found.append(QueueStatus(name, role, read.messages, unacked, read.consumers,

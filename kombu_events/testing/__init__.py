@@ -22,6 +22,7 @@ import base64
 import json
 import logging
 import os
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -67,6 +68,7 @@ def temporary_vhost(broker_url: str, *, management_url: str | None = None) -> It
     api.call("PUT", f"vhosts/{vhost}")
     try:
         api.call("PUT", f"permissions/{vhost}/{quote(user, safe='')}", {"configure": ".*", "write": ".*", "read": ".*"})
+        _until_running(api, vhost)
         logger.debug("kombu-events: created vhost %s on %s", name, api.base)
         yield urlunsplit((parts.scheme, parts.netloc, "/" + vhost, parts.query, parts.fragment))
     finally:
@@ -110,6 +112,12 @@ class _Management:
         self.base = base.rstrip("/")
         self.auth = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
+    def get(self, path: str) -> Any:
+        """The JSON document at ``path`` (errors raise, as urllib's)."""
+        request = urllib.request.Request(f"{self.base}/api/{path}", headers={"Authorization": self.auth})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read() or b"null")
+
     def call(self, method: str, path: str, body: Any = None, *, missing_ok: bool = False) -> None:
         data = None if method == "DELETE" else json.dumps(body if body is not None else {}).encode()
         request = urllib.request.Request(f"{self.base}/api/{path}", data=data, method=method,
@@ -124,6 +132,20 @@ class _Management:
                                    f"{exc.code} {exc.reason}") from exc
         except OSError as exc:  # refused, timed out, no such host
             raise BrokerUnavailableError(f"cannot reach the management API at {safe_url(self.base)}: {exc}") from exc
+
+
+def _until_running(api: Any, vhost: str, timeout_s: float = 10.0) -> None:
+    """Wait (at most ``timeout_s``) until every node says the new vhost runs: RabbitMQ 4 starts its processes after
+    answering the PUT, and a connection to it meanwhile can time out on a busy machine. Never raises."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            states = (api.get(f"vhosts/{vhost}") or {}).get("cluster_state")
+        except Exception:
+            return
+        if not isinstance(states, dict) or all(state == "running" for state in states.values()):
+            return
+        time.sleep(0.05)
 
 
 def _unavailable(why: str) -> NoReturn:

@@ -176,6 +176,16 @@ class StubEvents:
                             [c.key for c in purged], by=by or self.userid, note=note)
         return purged
 
+    def log(self, name: str, *, events: Events | None = None) -> list[Any]:
+        """The payloads appended to the log ``name`` of ``events`` (default: the stub's, or the app's one service),
+        in publish order, decoded as JSON (DecodeError for a body that is not)."""
+        service = self._service(events)
+        log = next((log for log in service.logs if log.name == name), None)
+        if log is None:
+            raise ConfigurationError(f"service {service.service!r} has no log {name!r}; its logs: "
+                                     f"{', '.join(log.name for log in service.logs) or 'none'}")
+        return [r.payload for r in self._broker.streams.get(log.queue, ()) if isinstance(r, ArchivedCopy)]
+
     def _service(self, events: Events | None) -> Events:
         if events is not None:
             return events

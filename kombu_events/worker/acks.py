@@ -21,7 +21,8 @@ __all__ = ["AckWindow", "Acks", "MAX_WAIT_S"]
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from .mailbox import Mailbox
 
@@ -100,6 +101,8 @@ class Acks:
         self._since = 0.0
         self._hub: Any = None
         self._asked = False
+        #: Inside :meth:`together`: the limit sends nothing until its end.
+        self._together = 0
 
     def attach(self, channel: Any, hub: Any, *, limit: int, more_to_read: Callable[[], bool]) -> None:
         """A new consumers' channel: what the last one held is dropped (the broker redelivers it)."""
@@ -127,9 +130,21 @@ class Acks:
             if self._hub is None and not self._asked:  # no event loop turning: flush between two reads
                 self._asked = True
                 self.mailbox.post(self.flush)
-        if len(self.window) >= self.limit:
+        if len(self.window) >= self.limit and not self._together:
             self.flush()
         return True
+
+    @contextmanager
+    def together(self) -> Iterator[None]:
+        """The acks of what is settled inside go as one frame where they are in a row (a batch's results), not one
+        frame per ``limit`` of them; past the limit they are sent at its end."""
+        self._together += 1
+        try:
+            yield
+        finally:
+            self._together -= 1
+            if not self._together and len(self.window) >= self.limit:
+                self.flush()
 
     def tick(self) -> None:
         """Hub tick: send once the loop has read what there was, or the oldest has waited ``MAX_WAIT_S``."""

@@ -17,11 +17,17 @@ from celery import bootsteps
 from celery.exceptions import WorkerShutdown
 
 from .. import database, registry
-from ..broker import green_writes, lenient_amqp as wire_guard
+from ..broker import chunked_reads, green_writes, lenient_amqp as wire_guard
 from ..broker.connections import tls_options
 from ..broker.version import describe
 from ..core.config import resolve_metrics_settings
-from ..errors import BrokerTooOldError, ConfigurationError, PluginMissingError, TopologyMissingError
+from ..errors import (
+    BrokerTooOldError,
+    ConfigurationError,
+    PartitionsChangedError,
+    PluginMissingError,
+    TopologyMissingError,
+)
 from ..integrations import sentry
 from ..registry import EventsService
 from . import task_queues
@@ -96,6 +102,7 @@ class EventsStep(bootsteps.StartStopStep):
         """
         if self.consumers:  # once per connection: Celery starts the step again on every reconnect
             logger.info("kombu-events: connected to %s", describe(c.connection))
+            chunked_reads.install(c.connection, getattr(c, "hub", None))  # fewer recv calls, no frame left unread
         if self.consumers and getattr(c.pool, "is_green", False):  # handlers' greenlets settle on this connection
             green_writes.serialize_writes(c.connection)
         for consumer in self.consumers:
@@ -158,12 +165,14 @@ def _declare_command(services: list[EventsService]) -> Callable[[EventsService],
 @contextmanager
 def _refusing(what: str, consumer: ServiceConsumer) -> Iterator[None]:
     """As :func:`_naming`; a topology that is not there (declare=False), a permission the broker refuses, a
-    broker too old for the service or without a plugin it needs stops the worker (exit 1) before it takes a
-    message: Celery would log each with a traceback, and retry a refusal (a channel error) for ever."""
+    broker too old for the service or without a plugin it needs, or partitions of another count on the broker
+    stop the worker (exit 1) before it takes a message: Celery would log each with a traceback, and retry a
+    refusal (a channel error) for ever."""
     try:
         with _naming(what, consumer):
             yield
-    except (TopologyMissingError, AccessRefused, BrokerTooOldError, PluginMissingError) as exc:
+    except (TopologyMissingError, AccessRefused, BrokerTooOldError, PluginMissingError,
+            PartitionsChangedError) as exc:
         raise WorkerShutdown(1) from exc
 
 

@@ -29,6 +29,8 @@ from kombu import Consumer
 from ..broker import verify
 from ..broker.confirms import Confirmer
 from ..broker.declare import declare
+from ..broker.eager_consumer import EagerConsumer
+from ..broker.partitions import check_partitions
 from ..broker.version import QUORUM_QUEUES, require
 from ..broker.waits import BrokerSilent, answer_within, call_within
 from ..core.delivery import read_delivery
@@ -39,6 +41,8 @@ from .acks import Acks
 from .handoff import Handoff, Received, item_of
 from .inflight import InflightBudget
 from .mailbox import Mailbox
+from .published import message_id, prepare
+from .reading import Readers
 from .screening import screen
 from .settling import Settler, quietly
 from .throttle import Throttle
@@ -57,7 +61,7 @@ class ServiceConsumer:
         self.settings = settings = events.settings
         #: What creates the topology when this worker does not declare it (``declare=False``), for its error.
         self.declare_command = declare_command
-        self.routes: tuple[Route, ...] = tuple(events.routes())  # resolving validates: bad config fails at start-up
+        self.routes: tuple[Route, ...] = tuple(r for r in events.routes() if not r.handler.reader)  # validated
         self.hooks = events.hooks
         self.topology = events.topology()
         self._queues = {q.name: q for q in self.topology.handler_queues}
@@ -75,9 +79,8 @@ class ServiceConsumer:
         self.throttle = Throttle(self.budget, self.mailbox, service=settings.service, stop=self._stop_consumers,
                                  start=self._start_consumers, running=lambda: self._started)
         self.acks = Acks(self.mailbox)  # the acks of the consumers' channel, sent together
-        self.settler = Settler(topology=self.topology, hooks=self.hooks, control=self.control,
-                               traceback_limit=settings.traceback_limit, release=self.throttle.release,
-                               acks=self.acks)
+        self.settler = Settler(topology=self.topology, hooks=self.hooks, control=self.control, acks=self.acks,
+                               traceback_limit=settings.traceback_limit, release=self.throttle.release)
         self.handoff = Handoff(settings.service, awaited=self.awaited, async_concurrency=settings.async_concurrency,
                                mailbox=self.mailbox, settler=self.settler,
                                limits={r.handler.queue: r.handler.concurrency for r in self.routes
@@ -85,6 +88,7 @@ class ServiceConsumer:
                                batches={r.handler.queue: (r.handler.batch.max, r.handler.batch.wait_ms)
                                         for r in self.routes if r.handler.batch is not None})
         self.settler.rerun = self.handoff.rerun  # an ordered handler's failing event, again in place
+        self.readers = Readers(events.routes(), self.mailbox, self.settler, dispatch=self._dispatch_reader)
         self._consumers: dict[str, Consumer] = {}
         self._active: set[str] = set()
         self._started = False
@@ -113,6 +117,7 @@ class ServiceConsumer:
         ``call_soon`` (Celery's ``Consumer.call_soon``) runs a callable between two reads of
         the blocking loop that workers without an event loop (gevent, eventlet) run.
         """
+        self.readers.release()  # a lock held on this connection goes with its channel
         self._close_channels()
         self._check_pool(pool)
         # What the last connection delivered is the broker's again (redelivered): nothing held on this one.
@@ -126,9 +131,9 @@ class ServiceConsumer:
         channel = self._open_consumer_channel(connection)
         self._channels = [channel, self._open_publisher()]
         self._consumers = {
-            r.handler.queue: Consumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False,
-                                      auto_declare=False, on_message=partial(self._on_message, r),
-                                      on_decode_error=partial(self._on_decode_error, r))
+            r.handler.queue: EagerConsumer(channel, queues=[self._queues[r.handler.queue]], no_ack=False,
+                                           auto_declare=False, on_message=partial(self._on_message, r),
+                                           on_decode_error=partial(self._on_decode_error, r))
             for r in self.routes
         }
         self._active = set()
@@ -136,6 +141,7 @@ class ServiceConsumer:
         self.handoff.attach(connection, pool, hub,
                             in_flight=sum(self._prefetch_of(r.handler.queue, None) for r in self.routes))
         self.acks.attach(channel, hub, limit=self._qos // 2, more_to_read=self.handoff.more_to_read)  # old: dropped
+        self.readers.attach(connection)
         if hub is None:
             self.consume()  # no event loop (synloop): nothing else will call consume()
 
@@ -147,13 +153,13 @@ class ServiceConsumer:
             return
         if self.settings.queue_type == "quorum":
             require(connection, *QUORUM_QUEUES)
+        check_partitions(self.topology, connection)  # another count over the old partitions: refused
         declare(self.topology, connection)
 
     def _open_consumer_channel(self, connection: Any) -> Any:
         """The channel the consumers receive on: bodies as published, a prefetch within the budget."""
         channel = connection.channel()
-        channel.auto_decode = False  # handlers get the body bytes as published, never a str
-        channel.message_to_python = partial(_as_published, channel)
+        prepare(channel)  # handlers get the body bytes as published, never a str
         self._qos = self.budget.prefetch(self.prefetch_count, floor=self._concurrency)
         channel.basic_qos(0, self._qos, False)
         return channel
@@ -186,6 +192,7 @@ class ServiceConsumer:
         for queue in list(self._consumers):
             if queue not in self._active and not self.control.is_paused(queue):
                 self._subscribe(queue, None)
+        self.readers.start(self._hub)
         logger.info("kombu-events: service %s consuming %s", self.settings.service,
                     ", ".join(sorted(self._active)) or "nothing (every queue is paused)")
 
@@ -198,6 +205,7 @@ class ServiceConsumer:
             logger.info("%s", exc)
         self._consumers = {}
         self._active = set()
+        self.readers.stop()
         if self._hub is not None:
             _ticks(self._hub).discard(self._tick)
         self.handoff.flush()  # received already: handled and acked as if the step had not stopped
@@ -310,9 +318,11 @@ class ServiceConsumer:
         """Settle what finished after the loop stopped, wait for pending confirms, close everything."""
         self.stop()
         self.mailbox.drain()  # thread-pool completions posted once the event loop had stopped
+        self.readers.commit()  # where the next worker goes on
         if self.settler.confirmer is not None:
             self.settler.confirmer.wait(timeout_s=5.0)
         self.acks.flush()
+        self.readers.release()
         self._close_channels()
         self.mailbox.close(self._hub)
 
@@ -340,7 +350,16 @@ class ServiceConsumer:
             self._receive(route, message)
         except Exception:  # a bug of ours: keep the loop (and Celery's tasks) alive; the message stays unacked
             logger.exception("kombu-events: could not take message %r from %s; left unacked",
-                             _message_id(message), route.handler.queue)
+                             message_id(message), route.handler.queue)
+            self.throttle.release(message)
+
+    def _dispatch_reader(self, route: Route, message: Any) -> None:
+        """A reader's next event of its log (worker/reading.py): screened and handed over as a handler's."""
+        try:
+            self._receive(route, message)
+        except Exception:  # a bug of ours: the event stays unacked, the reader waits until its lock is taken again
+            logger.exception("kombu-events: could not take message %r of reader %s; left unacked",
+                             message_id(message), route.handler.name)
             self.throttle.release(message)
 
     def _on_decode_error(self, route: Route, message: Any, exc: Exception) -> None:
@@ -366,30 +385,3 @@ def _ticks(hub: Any) -> set[Callable[[], Any]]:
     """The callbacks ``hub`` runs on every turn of its loop (a hub without them: a set nobody runs)."""
     ticks: set[Callable[[], Any]] = getattr(hub, "on_tick", set())
     return ticks
-
-
-def _as_published(channel: Any, raw: Any) -> Any:
-    """kombu's message for ``raw``, without kombu's own decompression: the body stays as published.
-
-    kombu inflates a body whose ``compression`` header it knows, and raises from inside
-    its consumer for one it does not; an event keeps its bytes (a retry republishes
-    exactly what arrived), and the runner decompresses for the handler.
-    """
-    headers = raw.properties.get("application_headers")
-    if not isinstance(headers, dict) or headers.get("compression") is None:
-        return channel.Message(raw, channel=channel)
-    items = list(headers.items())
-    del headers["compression"]  # hidden from kombu while it builds its message, then put back in place
-    try:
-        return channel.Message(raw, channel=channel)
-    finally:
-        headers.clear()
-        headers.update(items)
-
-
-def _message_id(message: Any) -> Any:
-    """The message id of a message that may be broken in any way, for a log line."""
-    try:
-        return message.properties.get("message_id")
-    except Exception:
-        return None

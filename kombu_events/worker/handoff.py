@@ -14,17 +14,20 @@ from __future__ import annotations
 
 __all__ = ["Received", "Handoff", "readable", "item_of"]
 
+import heapq
+import itertools
 import logging
 import select
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 from ..core import decision
 from ..core.delivery import Delivery
-from ..core.settlement import Hold, Step
+from ..core.settlement import Hold, Rerun, Step
 from ..registry import Route
 from . import batch_handlers, runner
 from .batching import BUDGET_MS, Batcher, max_messages
@@ -50,6 +53,9 @@ class Received(NamedTuple):
 
 class Settles(Protocol):
     """What the hand-off needs of whoever settles: :class:`~kombu_events.worker.settling.Settler`."""
+
+    #: The channel's acks (:class:`~kombu_events.worker.acks.Acks`; None: each message's own ``ack()``).
+    acks: Any
 
     def settle(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None: ...
 
@@ -85,12 +91,21 @@ class Handoff:
         self.loop_ident = threading.get_ident()
         #: Batch handlers' messages, held until their batch is full or has waited (queue: (max, wait_ms)).
         self.gatherer: Gatherer[Received] = Gatherer(batches or {}, self.hand_batch)
+        #: Messages to run again (:meth:`rerun`), soonest first: (when due, order, their connection, message).
+        self.reruns: list[tuple[float, int, int, Received]] = []
+        self._rerun_order = itertools.count()
+        #: The hub timer that wakes the loop for the soonest rerun, and when it is set for.
+        self._wake: Any = None
+        self._wake_at = float("inf")
+        self.clock: Callable[[], float] = time.monotonic
 
     def attach(self, connection: Any, pool: Any, hub: Any, *, in_flight: int) -> None:
         """A new connection (Celery reconnected): count jobs anew; batch only with an event loop (``hub``)."""
         self.jobs, self.connection_jobs = 0, self.connection_jobs + 1
         # What waited was delivered on the last connection: the broker delivers it again.
         self.running, self.waiting = {}, {}
+        self.reruns.clear()
+        self._unwake()
         self.pool, self.hub = pool, hub
         self.loop_ident = threading.get_ident()
         self.gatherer.attach(hub)
@@ -133,6 +148,8 @@ class Handoff:
                 self.flush()
         except Exception:  # never into the hub: its loop would end
             logger.exception("kombu-events: handing a batch of service %s to the pool failed", self.service)
+        if self.reruns and self.reruns[0][0] <= self.clock():
+            self.run_due()
 
     def flush(self) -> None:
         """Hand the batch to the pool: one message on its own (``runner.run``), several as one job (``run_batch``)."""
@@ -180,28 +197,66 @@ class Handoff:
             for received in batch:
                 self.hand_over(received)
 
-    def rerun(self, route: Route, delivery: Delivery, message: Any, delay_ms: float) -> None:
-        """Hand ``message`` to the pool again after ``delay_ms``, as its next attempt: a failing event of an ordered
-        handler holding its partition (docs/ordering.md). It stays unacked meanwhile, the partition's one event in
-        flight; after a reconnect it is the broker's again (redelivered), and the timer lets it be."""
-        again = delivery._replace(attempt=delivery.attempt + 1)
+    def rerun(self, route: Route, delivery: Delivery, message: Any, step: Rerun) -> None:
+        """Hand ``message`` to the pool again after the step's delay, with its counters: a retry in the worker
+        (``retry_in_place_ms``, a partition holding its failing event: docs/ordering.md). It stays unacked
+        meanwhile; after a reconnect it is the broker's again (redelivered), and is not run here.
+
+        With an event loop, one hub timer wakes the loop for the soonest, and every one due then goes (the
+        hub fires at most 10 timers a turn, and waits a second after that: one timer per message stalled
+        many retries waiting at once)."""
+        again = delivery._replace(attempt=step.attempt, redeliveries=step.redeliveries)
         received = Received(route, again, message, item_of(route, again))
-        connection = self.connection_jobs
-
-        def due() -> None:
-            try:
-                if connection == self.connection_jobs:
-                    self.hand_over(received)
-            except Exception:  # never into the hub: its loop would end; the message stays unacked
-                logger.exception("kombu-events: running message %r of %s again failed; left unacked",
-                                 delivery.message_id, delivery.queue)
-
-        if self.hub is not None:
-            self.hub.call_later(delay_ms / 1000.0, due)
-        else:  # no event loop (gevent, eventlet): a timer thread posts it to the loop's mailbox
-            timer = threading.Timer(delay_ms / 1000.0, self.mailbox.post, (due,))
+        if self.hub is None:  # no event loop (gevent, eventlet): a timer thread posts it to the loop's mailbox
+            connection = self.connection_jobs
+            timer = threading.Timer(step.delay_ms / 1000.0, self.mailbox.post,
+                                    (partial(self._run_again, connection, received),))
             timer.daemon = True
             timer.start()
+            return
+        due = self.clock() + step.delay_ms / 1000.0
+        heapq.heappush(self.reruns, (due, next(self._rerun_order), self.connection_jobs, received))
+        self._arm()
+
+    def run_due(self) -> None:
+        """Hand over every rerun that is due, soonest first."""
+        reruns, now = self.reruns, self.clock()
+        while reruns and reruns[0][0] <= now:
+            _, _, connection, received = heapq.heappop(reruns)
+            self._run_again(connection, received)
+
+    def _woken(self) -> None:
+        """The hub timer of the soonest rerun: run what is due, then set the timer for the next."""
+        self._wake, self._wake_at = None, float("inf")
+        try:
+            self.run_due()
+            self._arm()
+        except Exception:  # never into the hub: its loop would end; the messages stay unacked
+            logger.exception("kombu-events: running messages of service %s again failed; left unacked",
+                             self.service)
+
+    def _arm(self) -> None:
+        """Set the hub timer for the soonest rerun, unless one is set for it already."""
+        if self.reruns and self.hub is not None and self.reruns[0][0] < self._wake_at:
+            self._unwake()
+            due = self.reruns[0][0]
+            self._wake_at = due
+            self._wake = self.hub.call_later(max(0.0, due - self.clock()), self._woken)
+
+    def _unwake(self) -> None:
+        wake, self._wake, self._wake_at = self._wake, None, float("inf")
+        cancel = getattr(wake, "cancel", None)
+        if cancel is not None:
+            cancel()
+
+    def _run_again(self, connection: int, received: Received) -> None:
+        """As a message received now: batched with others for the pool, within its handler's ``concurrency``."""
+        try:
+            if connection == self.connection_jobs:
+                self.add(received)
+        except Exception:  # never into the hub: its loop would end; the message stays unacked
+            logger.exception("kombu-events: running message %r of %s again failed; left unacked",
+                             received.delivery.message_id, received.delivery.queue)
 
     # -- handlers' concurrency -----------------------------------------------------------------
 
@@ -285,8 +340,10 @@ class Handoff:
             self.batch.observe_batch([(received.route.handler.queue, getattr(outcome, "duration_ms", 0.0))
                                       for received, outcome in zip(batch, result)],
                                      getattr(result, "elapsed_ms", -1.0))
-            for (route, delivery, message, _), outcome in zip(batch, result):
-                self.settler.settle(route, delivery, message, outcome)
+            acks = self.settler.acks
+            with acks.together() if acks is not None else nullcontext():
+                for (route, delivery, message, _), outcome in zip(batch, result):
+                    self.settler.settle(route, delivery, message, outcome)
             if self.limits and connection_jobs == self.connection_jobs:
                 for received in batch:
                     self._ended(received.route.handler.queue)

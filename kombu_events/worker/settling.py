@@ -44,12 +44,15 @@ class Settler:
         self.release = release
         #: Sends the acks of the consumers' channel together (None: each message's own ``ack()``).
         self.acks = acks
-        #: Runs a held message's handler again after a delay (an ordered handler's retry in place: the Handoff's).
-        self.rerun: Callable[[Route, Delivery, Any, float], None] | None = None
+        #: Runs a held message's handler again after a delay (a retry in the worker, ``retry_in_place_ms`` or an
+        #: ordered handler holding its partition: the Handoff's).
+        self.rerun: Callable[[Route, Delivery, Any, Rerun], None] | None = None
         #: The publisher channel's confirms (None: no channel, the originals are redelivered).
         self.confirmer: Confirmer | None = None
         #: The worker's AMQP user, for the plan (a republish keeps the publisher's ``user_id`` only if it is ours).
         self.userid: str | None = None
+        #: Told of each message acked (a reader's position moves past it: worker/reading.py).
+        self.acked: Callable[[Route, Any], None] | None = None
 
     def settle(self, route: Route, delivery: Delivery, message: Any, result: Any) -> None:
         """Plan for ``result`` (an Outcome, or why the pool lost the job) and carry the plan out."""
@@ -59,7 +62,8 @@ class Settler:
             ordering = route.handler.ordering
             step = plan(delivery, outcome, max_retries=route.handler.max_retries, backoff=route.handler.backoff,
                         topology=self.topology, userid=self.userid,
-                        hold=ordering is not None and ordering.hold_failures)
+                        hold=(ordering is not None and ordering.hold_failures) or route.handler.reader is not None,
+                        in_place_ms=0 if self.rerun is None else self.topology.settings.retry_in_place_ms)
             self.execute(route, delivery, message, outcome, step)
         except Exception:  # never let one message break the event loop; it stays unacked
             logger.exception("kombu-events: could not settle message %r from %s; left unacked",
@@ -73,9 +77,9 @@ class Settler:
             self._republish(route, delivery, message, outcome, step)
         elif isinstance(step, Ack):
             self._ack(route, delivery, message, outcome, step)
-        elif isinstance(step, Rerun) and self.rerun is not None:  # unacked: the partition's one event in flight
+        elif isinstance(step, Rerun) and self.rerun is not None:  # unacked until an attempt settles it
             self.announce(route, delivery, outcome, step)
-            self.rerun(route, delivery, message, step.delay_ms)
+            self.rerun(route, delivery, message, step)
         else:
             self.hold(route, delivery, message, outcome, step)
 
@@ -116,6 +120,8 @@ class Settler:
         acked = quietly(message.ack) if self.acks is None else quietly(self.acks.ack, message)
         self.release(message)  # acked, or its channel is gone and the broker redelivers it
         if acked:
+            if self.acked is not None:
+                quietly(self.acked, route, message)
             self.announce(route, delivery, outcome, step)
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 #: stopped only by the ``serial`` test, which runs last, alone.
 HEAVY = {
     "test_cluster": "heavy-a", "test_everything_on": "heavy-a", "test_console_10k": "heavy-a",
-    "test_inbox_crashes": "heavy-a", "test_green_pools": "heavy-a",
+    "test_inbox_crashes": "heavy-a", "test_green_pools": "heavy-a", "test_log_proof": "heavy-a",
     "test_no_secret_shown": "heavy-b", "test_backlog": "heavy-b", "test_tls": "heavy-b", "test_periodic": "heavy-b",
     "test_breaker": "heavy-b", "test_faults": "heavy-b",
 }
@@ -114,6 +114,26 @@ def postgres() -> Iterator[psycopg.Connection]:
         _postgres_unavailable(f"PostgreSQL is not reachable at {POSTGRES['host']}:5432: {exc}")
     with connection:
         yield connection
+
+
+@pytest.fixture
+def effects_database(make_database) -> Callable[[str, str], str]:
+    """``effects_database(prefix, columns)``: a new database (``make_database``) with kombu-events' inbox and outbox
+    tables and a table ``effects (columns)``; its SQLAlchemy URL."""
+    def make(prefix: str, columns: str) -> str:
+        import psycopg
+        import sqlalchemy
+
+        from kombu_events.database.tables import metadata
+        database = make_database(prefix)
+        url = f"postgresql+psycopg://postgres@{POSTGRES['host']}:5432/{database}"
+        engine = sqlalchemy.create_engine(url)
+        metadata.create_all(engine)
+        engine.dispose()
+        with psycopg.connect(dbname=database, autocommit=True, **POSTGRES) as connection:
+            connection.execute(f"CREATE TABLE effects ({columns})")
+        return url
+    return make
 
 
 @pytest.fixture

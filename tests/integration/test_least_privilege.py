@@ -163,3 +163,53 @@ def assert_one_clear_line(log: str, names: str, module: str) -> None:
     assert names in lines[0] and f"kombu-events -A {module} declare" in lines[0], lines[0]
     assert "Traceback" not in log and "Unrecoverable error" not in log, log[-3000:]
     assert "consuming" not in log, log[-3000:]
+
+
+READER_BODY = """
+from datetime import timedelta
+
+events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_levels=2, delay_unit_ms=100)
+orders = events.log("lp.#", keep=timedelta(days=1))
+
+@events.reader(orders)
+def projector(payload):
+    record(handler="projector", payload=payload)
+"""
+
+
+def test_a_runtime_user_reads_a_log_and_writes_the_readers_position(tmp_path, vhost):
+    runtime_url = url(vhost["runtime"], vhost["password"], vhost["name"])
+    deploy_url = url(vhost["deploy"], vhost["password"], vhost["name"])
+    project = Project(tmp_path, runtime_url, READER_BODY)
+    try:
+        printed = run_cli(project, "permissions", "--user", vhost["runtime"], "--deploy-user", vhost["deploy"])
+        assert printed.returncode == 0, printed.stderr
+        apply(printed.stdout, vhost["deploy"])
+        apply(printed.stdout, vhost["runtime"])
+        configure = shlex.split(runtime_line(printed.stdout, vhost["runtime"]))[5]
+        for name in ("reader.projector", "reader.projector.position", "log.lp"):
+            assert not re.fullmatch(configure, f"{project.service}.{name}"), name
+        assert run_cli(project, "--broker", deploy_url, "declare").returncode == 0
+        worker = project.worker("--events-no-declare").wait_ready(timeout=60)
+        sent = project.run_python(f"""
+            from {project.module} import events
+            for n in range(20):
+                events.publish("lp.order", {{"n": n}})
+        """)
+        assert sent.returncode == 0, sent.stderr
+        wait_for(lambda: len(project.records(handler="projector")) == 20, timeout=30, what="20 events read")
+        assert [r["payload"]["n"] for r in project.records(handler="projector")] == list(range(20))
+
+        def position():
+            status = run_cli(project, "log", "status", "--json")  # as the runtime user
+            assert status.returncode == 0, status.stderr
+            import json
+            return json.loads(status.stdout)[0]["readers"][0]["position"]
+        wait_for(lambda: position() == 20, timeout=10, what="the position written by the runtime user")
+        rewound = run_cli(project, "log", "rewind", "projector", "--to", "15", "--yes")
+        assert rewound.returncode == 0, rewound.stderr
+        wait_for(lambda: len(project.records(handler="projector")) == 25, timeout=30, what="5 events again")
+        assert "ACCESS_REFUSED" not in worker.log, worker.log[-3000:]
+    finally:
+        for w in project.workers:  # the vhost, and all in it, goes with the fixture
+            w.kill()

@@ -35,10 +35,25 @@ def take(event):
 """
 
 
+#: The projects :func:`make` made in the running test: their workers are killed after it, whatever happened.
+_made: list[Project] = []
+
+
+@pytest.fixture(autouse=True)
+def _workers_killed_after_each_test():
+    """A worker left running after its vhost is deleted retries the connection for ever: never leave one."""
+    yield
+    while _made:
+        for worker in _made.pop().workers:
+            worker.kill()
+
+
 def make(tmp_path, url: str, exchange: str, queue_type: str, name: str, quorum_tasks: bool = False) -> Project:
     directory = tmp_path / name
     directory.mkdir()
-    return Project(directory, url, BODY.format(queue_type=queue_type, quorum_tasks=quorum_tasks), exchange=exchange)
+    project = Project(directory, url, BODY.format(queue_type=queue_type, quorum_tasks=quorum_tasks), exchange=exchange)
+    _made.append(project)
+    return project
 
 
 def publish(project: Project, numbers: range, **extra: object) -> None:

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import uuid
 import zlib
+from types import SimpleNamespace
 from typing import Any
 
 import kombu
@@ -21,7 +22,7 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner
 
-from kombu_events import Events, registry
+from kombu_events import Constant, Events, registry
 from kombu_events.core import decision
 from kombu_events.errors import BrokerUnavailableError
 from kombu_events.worker import bootstep, consumer as consumer_module, runner
@@ -81,6 +82,56 @@ def test_async_concurrency_is_how_many_async_handlers_the_pool_awaits_at_once(ho
     for i in range(10):
         consumer._receive(consumer.routes[0], Message(i))
     assert most[0] == 3, f"awaited {most[0]} at once; async_concurrency=3"
+
+
+# -- retry_in_place_ms: from the setting to the settler's choice between the worker and the ladder ---------
+
+
+class Acked(Message):
+    def __init__(self, i: int) -> None:
+        super().__init__(i)
+        self.acks = 0
+
+    def ack(self) -> None:
+        self.acks += 1
+
+
+@pytest.mark.parametrize("how, delays", [("keyword", [0.2]), ("celery conf", [0.2]), ("unset", [])])
+def test_retry_in_place_ms_is_how_long_a_retry_may_wait_in_the_worker(how, delays):
+    app = Celery("t", broker="memory://")
+    if how == "celery conf":
+        app.conf.kombu_events_retry_in_place_ms = 200
+        events = Events(app, service="paths")
+    else:
+        events = Events(app, service="paths", **({"retry_in_place_ms": 200} if how == "keyword" else {}))
+    attempts: list[int] = []
+
+    @events.handler("orders.#", bind=True, backoff=Constant(every_ms=200))
+    def handle(event):
+        attempts.append(event.attempt)
+        if event.attempt == 1:
+            raise RuntimeError("fails once")
+
+    registry.resolve(app)
+    consumer = ServiceConsumer(events)
+    consumer.handoff.pool = Pool()
+    waited: list[float] = []
+    now = [0.0]
+
+    def call_later(delay: float, fn: Any) -> None:  # the hub: time passes, the timer fires
+        waited.append(round(delay, 6))
+        now[0] += delay
+        fn()
+
+    consumer.handoff.hub = SimpleNamespace(call_later=call_later)
+    consumer.handoff.clock = lambda: now[0]
+    message = Acked(1)
+    consumer._receive(consumer.routes[0], message)
+    assert waited == delays
+    if delays:
+        assert (attempts, message.acks) == ([1, 2], 1), "run again in the worker, then acked"
+    else:  # through the ladder: no publisher channel here, so the original is left for the broker
+        assert (attempts, message.acks) == ([1], 0)
 
 
 # -- declare: from the setting (and --events-no-declare) to the consumer's choice -------------------------

@@ -47,6 +47,8 @@ SCHEMAS = {
     ("outbox", "status"): ["outbox-status"],
     ("outbox", "relay"): ["outbox-relay"],
     ("outbox", "create-tables"): ["outbox-create-tables"],
+    ("log", "status"): ["log-status"],
+    ("log", "rewind"): ["log-rewind"],
 }
 
 #: Commands whose output is a document of a standard of its own, not a kombu-events report: no --json.

@@ -24,7 +24,7 @@ from kombu_events.core.decision import (
 )
 from kombu_events.core.delivery import Delivery, read_delivery
 from kombu_events.core.handlers import Handler
-from kombu_events.core.settlement import ACK, Ack, Hold, Republish, Step, plan
+from kombu_events.core.settlement import ACK, Ack, Hold, Republish, Rerun, Step, plan
 from kombu_events.core.topology import Topology, build_topology
 from kombu_events.testing.broker_model import BrokerModel
 
@@ -220,6 +220,45 @@ def test_a_requeue_spends_no_attempt(outcome, redeliveries):
     assert headers[wire.ATTEMPTS] == 2  # this delivery was attempt 3; the next is attempt 3 again
     assert headers[wire.REDELIVERIES] == redeliveries
     assert wire.LAST_ERROR not in headers
+
+
+@pytest.mark.parametrize("outcome, attempt, redeliveries", [
+    (BOOM, 4, 2),  # a failure spends the attempt
+    (Outcome(LOST, "pool process lost"), 4, 2),
+    (Outcome(REDELIVERED), 3, 3),  # a broker redelivery spends none: it may never have reached the handler
+    (Outcome(DEFERRED, delay_ms=100), 3, 2),
+])
+def test_a_held_partition_reruns_with_the_counters_its_copy_through_the_ladder_would_carry(outcome, attempt,
+                                                                                          redeliveries):
+    delivery = _delivery(attempts=2, redeliveries=2)  # attempt 3
+    step = _plan(delivery, outcome, hold=True)
+    assert isinstance(step, Rerun)
+    assert (step.attempt, step.redeliveries) == (attempt, redeliveries)
+    ladder = _plan(delivery, outcome)
+    assert (_headers(ladder)[wire.ATTEMPTS] + 1, _headers(ladder)[wire.REDELIVERIES]) == (attempt, redeliveries)
+
+
+def test_a_held_event_redelivered_too_often_is_archived_not_rerun():
+    step = _plan(_delivery(attempts=0, redeliveries=MAX_RETRIES + 1), Outcome(REDELIVERED), hold=True)
+    assert isinstance(step, Republish) and step.action == "archive"
+
+
+@pytest.mark.parametrize("attempts, outcome, in_place_ms, expected", [
+    (2, BOOM, 500, ("rerun", 400, 4)),  # attempt 3 failed: its retry waits 400 ms, within 500: in the worker
+    (2, BOOM, 400, ("rerun", 400, 4)),  # at the bound
+    (2, BOOM, 399, ("retry", 400, None)),  # longer than the bound: through the ladder
+    (1, BOOM, 200, ("rerun", 200, 3)),
+    (2, BOOM, 0, ("retry", 400, None)),  # off
+    (MAX_RETRIES, BOOM, 60_000, ("archive", 0, None)),  # the last attempt: archived as ever
+    (2, Outcome(REDELIVERED), 60_000, ("requeue", 0, None)),  # the redelivery counter lives in the copy's header
+    (2, Outcome(DEFERRED, delay_ms=100), 60_000, ("requeue", 100, None)),  # a deferral is no retry
+    (0, Outcome(RETRY, delay_ms=300), 500, ("rerun", 300, 2)),  # the handler's own delay, within the bound
+])
+def test_a_retry_within_retry_in_place_ms_runs_again_in_the_worker(attempts, outcome, in_place_ms, expected):
+    step = _plan(_delivery(attempts=attempts, redeliveries=1), outcome, in_place_ms=in_place_ms)
+    assert (step.action, step.delay_ms, getattr(step, "attempt", None)) == expected
+    if isinstance(step, Rerun):
+        assert step.redeliveries == 1
 
 
 def test_an_archived_copy_says_why_where_from_and_after_how_many_attempts():

@@ -345,3 +345,12 @@ def test_messages_settled_without_running_the_handler_are_counted_by_reason(metr
     assert value(metrics, "kombu_events_handler_exceptions_total",
                  exception_type="kombu_events.errors.InvalidPayload") == 0  # the handler did not raise it
     assert value(metrics, "kombu_events_handler_duration_seconds_count") == 1
+
+
+def test_each_readers_position_and_lag_are_gauges_of_its_service_and_name(metrics):
+    assert metrics.registry.get_sample_value("kombu_events_reader_lag", {"service": "billing",
+                                                                        "reader": "projector"}) is None
+    metrics.readers[("billing", "projector")] = (120, 7)  # what the watch sets
+    labels = {"service": "billing", "reader": "projector"}
+    assert metrics.registry.get_sample_value("kombu_events_reader_position", labels) == 120
+    assert metrics.registry.get_sample_value("kombu_events_reader_lag", labels) == 7

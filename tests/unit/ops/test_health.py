@@ -72,3 +72,19 @@ def test_missing_exchanges_are_found_with_passive_declares():
     assert connection.log.count("open") == 2, "one channel, replaced after the missing exchange"
     assert connection.log.count("close") == 2, "every channel closed, the one the missing exchange closed too"
     assert [n for n in connection.log if n not in ("open", "close")] == names, "one passive declare each, in order"
+
+
+def test_a_reader_no_worker_reads_and_one_too_far_behind_are_problems():
+    from kombu_events.ops.health import reader_problems
+    from kombu_events.ops.log_status import ReaderStatus
+
+    def status(name, reading, lag):
+        return ReaderStatus(name, f"svc.reader.{name}", 10, 0, lag, reading, 0)
+    readers = [status("a", True, 5), status("b", False, 0), status("c", True, 5000), status("d", None, None)]
+    assert reader_problems(readers) == [("reader b: no worker reads it (paused: its circuit breaker is open, or no "
+                                        "worker runs)")]
+    assert reader_problems(readers, max_lag=1000) == [
+        "reader b: no worker reads it (paused: its circuit breaker is open, or no worker runs)",
+        "reader c: 5000 events behind its log, more than --max-lag 1000"]
+    assert reader_problems(readers, max_lag=4999)[1:] == [("reader c: 5000 events behind its log, more than "
+                                                          "--max-lag 4999")]

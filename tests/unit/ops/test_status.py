@@ -69,7 +69,7 @@ def test_gather_reads_every_queue_a_missing_one_included_and_asks_the_api_until_
         asked.append((queue, base_url))
         return {"messages_unacknowledged": 3} if len(asked) == 1 else None
 
-    monkeypatch.setattr(status, "_management", management)
+    monkeypatch.setattr(status, "queue_statistics", management)
     monkeypatch.setattr(status, "archived_count", lambda connection, topology: 7)  # read from the stream
     connection = Connection(counts)
     rows = status.gather(connection, topology)
@@ -91,7 +91,7 @@ def test_an_archive_of_an_earlier_version_is_counted_by_its_passive_declare(monk
         raise LegacyArchiveError("a classic queue")
 
     topology = _topology()
-    monkeypatch.setattr(status, "_management", lambda connection, queue, base_url: None)
+    monkeypatch.setattr(status, "queue_statistics", lambda connection, queue, base_url: None)
     monkeypatch.setattr(status, "archived_count", legacy)
     rows = status.gather(Connection({q.name: (3, 0) for q in topology.queues}), topology)
     assert rows[-1] == QueueStatus("billing.archive", "archive", 3, None, 0)

@@ -19,6 +19,8 @@ class Pool:
 class Settles:
     """Records what is settled (message id, result) and held (message id, reason)."""
 
+    acks = None
+
     def __init__(self) -> None:
         self.settled: list[tuple[str, Any]] = []
         self.held: list[tuple[str, str]] = []

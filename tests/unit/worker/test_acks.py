@@ -152,6 +152,25 @@ def test_acks_go_once_the_limit_waits_or_the_oldest_waited_max_wait() -> None:
     assert channel.frames == [(4, True), (5, False)]
 
 
+def test_a_batchs_acks_go_in_one_frame_past_the_limit_and_the_limit_holds_again_after() -> None:
+    acks = Acks(Mailbox("s"))
+    channel, messages = consumer_channel(acks, 20, hub=Hub(), limit=4, more=lambda: True)
+    with acks.together():
+        with acks.together():  # nested: the outer one's end sends
+            for message in messages[:5]:
+                acks.ack(message)
+        for message in messages[5:10]:
+            acks.ack(message)
+        assert channel.frames == []
+    assert channel.frames == [(10, True)]
+    for message in messages[10:14]:
+        acks.ack(message)
+    assert channel.frames == [(10, True), (14, True)]
+    with acks.together():
+        acks.ack(messages[14])
+    assert channel.frames == [(10, True), (14, True)], "under the limit: left for the end of the read"
+
+
 def test_without_an_event_loop_acks_go_through_the_mailbox() -> None:
     asked: list[Any] = []
     mailbox = Mailbox("s")

@@ -2,6 +2,7 @@
 the Handoff takes messages to a pool and back. No consumer, no connection: fakes of what each one calls."""
 from __future__ import annotations
 
+import contextlib
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -10,7 +11,7 @@ import pytest
 
 from kombu_events.core import decision
 from kombu_events.core.delivery import read_delivery
-from kombu_events.core.settlement import ACK, Hold, Republish
+from kombu_events.core.settlement import ACK, Hold, Republish, Rerun
 from kombu_events.worker import runner
 from kombu_events.worker.handoff import Handoff, Received
 from kombu_events.worker.inflight import InflightBudget
@@ -186,6 +187,114 @@ def test_a_handoff_counts_only_the_jobs_of_its_current_connection():
     handoff.add(received(2))
     pool.jobs[0][2](OK)  # the old connection's job, back late
     assert handoff.jobs == 1 and [m for m, _ in settles.settled] == ["m1"]
+
+
+class Wakes:
+    """A hub's timers: (delay, callback, cancelled) of each ``call_later``."""
+
+    def __init__(self) -> None:
+        self.set: list[list[Any]] = []
+
+    def call_later(self, delay: float, fn: Any) -> Any:
+        entry = [delay, fn, False]
+        self.set.append(entry)
+        return SimpleNamespace(cancel=lambda: entry.__setitem__(2, True))
+
+    def live(self) -> list[list[Any]]:
+        return [entry for entry in self.set if not entry[2]]
+
+    def fire(self) -> None:
+        """The hub fires the first timer set (and forgets it)."""
+        entry = self.live()[0]
+        entry[2] = True
+        entry[1]()
+
+
+def test_a_rerun_goes_to_the_pool_when_due_with_the_steps_counters_on_its_connection_only():
+    deliveries: list[Any] = []
+
+    class Keeps(Settles):
+        def settle(self, route, delivery, message, result) -> None:
+            deliveries.append(delivery)
+
+    settles, pool, hub, now = Keeps(), Pool(), Wakes(), [100.0]
+    handoff = Handoff("svc", awaited=frozenset(), async_concurrency=10, mailbox=Mailbox("svc"), settler=settles)
+    handoff.attach(None, pool, hub, in_flight=10)
+    handoff.clock = lambda: now[0]
+    first = delivery(i=1)._replace(attempt=3, redeliveries=1, redelivered=True)
+    handoff.rerun(route(), delivery(i=2), Message(), Rerun(500, "boom", attempt=2, redeliveries=0))
+    handoff.rerun(route(), first, Message(), Rerun(250, "redelivered", attempt=3, redeliveries=2))
+    assert [entry[0] for entry in hub.live()] == [0.25], "one timer, for the soonest"
+    now[0] += 0.25
+    hub.fire()
+    (fn, args, done, _), = pool.jobs
+    assert fn is runner.run and args[4][1] == 3, "a requeue in place spends no attempt"
+    done(OK)
+    assert [(d.message_id, d.attempt, d.redeliveries) for d in deliveries] == [("m1", 3, 2)]
+    assert [entry[0] for entry in hub.live()] == [0.25], "then one for the next"
+    handoff.attach(None, pool, hub, in_flight=10)  # reconnected: the broker redelivers the other one
+    assert hub.live() == [] and handoff.reruns == []
+    now[0] += 1
+    handoff.tick()
+    assert len(pool.jobs) == 1
+
+
+def test_every_rerun_due_goes_at_once_however_many():
+    settles, pool, hub, now = Settles(), Pool(), Wakes(), [0.0]
+    handoff = Handoff("svc", awaited=frozenset(), async_concurrency=10, mailbox=Mailbox("svc"), settler=settles)
+    handoff.attach(None, pool, hub, in_flight=100)
+    handoff.clock = lambda: now[0]
+    for i in range(50):
+        handoff.rerun(route(), delivery(i=i), Message(), Rerun(10 + i % 3, "boom", attempt=2))
+    now[0] += 0.5
+    handoff.tick()  # the loop turned: all 50 are due, not only the 10 a hub fires a turn
+    assert sorted(json.loads(args[1])["i"] for _, args, _, _ in pool.jobs) == list(range(50))
+    assert handoff.reruns == []
+
+
+def test_a_rerun_waits_for_room_within_its_handlers_concurrency():
+    settles, pool, hub, now = Settles(), Pool(), Wakes(), [0.0]
+    handoff = limited(1, pool, settles)
+    handoff.attach(None, pool, hub, in_flight=100)
+    handoff.clock = lambda: now[0]
+    handoff.add(received(0))
+    handoff.rerun(route(), delivery(i=1), Message(), Rerun(10, "boom", attempt=2))
+    now[0] += 1
+    handoff.tick()
+    assert ids(pool) == [0], "the handler runs one at a time: the rerun waits"
+    pool.jobs[0][2](OK)
+    assert ids(pool) == [0, 1]
+
+
+def test_the_results_of_a_batch_are_settled_with_their_acks_together():
+    inside: list[bool] = []
+
+    class Together:
+        depth = 0
+
+        @contextlib.contextmanager
+        def together(self):
+            self.depth += 1
+            yield
+            self.depth -= 1
+
+    class Keeps(Settles):
+        acks = Together()
+
+        def settle(self, route, delivery, message, result) -> None:
+            inside.append(self.acks.depth == 1)
+
+    settles, pool = Keeps(), Pool()
+    pool.limit = 2
+    handoff = Handoff("svc", awaited=frozenset(), async_concurrency=10, mailbox=Mailbox("svc"), settler=settles)
+    handoff.attach(None, pool, SimpleNamespace(call_later=lambda delay, fn: None), in_flight=10)
+    handoff.more_to_read = lambda: True
+    handoff.batch.observe("svc.handle", 0.01)
+    for i in range(3):
+        handoff.add(received(i))
+    handoff.flush()
+    pool.jobs[0][2](runner.Outcomes([OK] * 3))
+    assert inside == [True] * 3
 
 
 # -- a handler's concurrency -------------------------------------------------------------------------------
