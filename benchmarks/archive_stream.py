@@ -11,8 +11,10 @@ bodies of ``big-mib`` MiB), then, each a figure printed:
    the first time, then the failures page and the API's first page (``/api/archive?limit=100``), median and
    slowest of 20 each, the console's peak RSS, and a search of 1,500 words while another request is timed
    (how long that one waited);
-3. ``reads`` reads of all kinds (list, show, the pages, the API) and the stream compared record by record
-   before and after: offsets, bodies' sizes and header tables the same, nothing moved.
+3. the page of each big copy (a bounded preview) and its download (the whole body), timed;
+4. ``reads`` reads of all kinds (the pages, the API, the big copies' pages and downloads), the console's peak
+   RSS against ``--rss-bound-mib`` (default 400), and the stream compared record by record before and after:
+   offsets, bodies' sizes and header tables the same, nothing moved.
 
 Everything it made is deleted at the end. Figures, not a test.
 """
@@ -67,10 +69,12 @@ REASONS = ["gave up after 6 attempts (max_retries=5): builtins.KeyError: 'order 
            "gave up after 6 attempts (max_retries=5): ConnectionError: payments down"]
 
 
-def fill(url: str, service: str, n: int, big: int, big_mib: int) -> float:
-    """Archive ``n`` copies as the worker does (``big`` of them of ``big_mib`` MiB); seconds it took."""
+def fill(url: str, service: str, n: int, big: int, big_mib: int) -> tuple[float, list[str]]:
+    """Archive ``n`` copies as the worker does (``big`` of them of ``big_mib`` MiB): (seconds it took, the
+    archive keys of the big ones)."""
     started = time.monotonic()
     big_at = {int(n * (i + 1) / (big + 1)) for i in range(big)}
+    big_keys: list[str] = []
     failed: list[str] = []
     with Connection(url) as conn:
         channel = conn.channel()
@@ -80,6 +84,8 @@ def fill(url: str, service: str, n: int, big: int, big_mib: int) -> float:
                 {"x-request-id": f"r-{i}", "tags": ["a", i % 7]}, attempt=6, queue=f"{service}.orders",
                 routing_key=f"orders.{i % 50}.created", reason=REASONS[i % len(REASONS)].format(n=i),
                 exception="builtins.KeyError: 'order'", traceback="Traceback (most recent call last): ..." * 8)
+            if i in big_at:
+                big_keys.append(headers[wire.ARCHIVE_KEY])
             body = (b"x" * (big_mib * MIB)) if i in big_at else json.dumps(
                 {"order": i, "note": f"item {i}", "lines": list(range(i % 20))}).encode()
             properties = stream_headers.pack({"application_headers": headers, "message_id": f"m-{i}",
@@ -90,7 +96,7 @@ def fill(url: str, service: str, n: int, big: int, big_mib: int) -> float:
         confirmer.wait(timeout_s=60)
         channel.close()
     assert not failed and not confirmer.pending, failed[:3]
-    return time.monotonic() - started
+    return time.monotonic() - started, big_keys
 
 
 def raw(url: str, queue: str) -> list[tuple[int, int, str]]:
@@ -160,7 +166,21 @@ class Console:
             self.process.kill()
 
 
-def console_figures(console: Console, n: int, reads: int) -> None:
+def big_pages(console: Console, big_keys: list[str]) -> list[str]:
+    """Time the page of each big copy (a bounded preview) and its download (the whole body); their paths."""
+    paths = []
+    for key in big_keys:
+        query = urllib.parse.urlencode({"key": key})
+        for path in (f"/events?{query}", f"/download?{query}"):
+            took, status, body = console.get(path)
+            assert status == 200, body[:500]
+            print(f"console: GET {path.split('?')[0]} of a big copy: {took * 1000:.0f} ms, "
+                  f"{len(body) / 1024:,.0f} KiB")
+            paths.append(path)
+    return paths
+
+
+def console_figures(console: Console, n: int, reads: int, big_keys: list[str], bound_mib: int) -> None:
     started = time.monotonic()
     deadline = started + 900
     while time.monotonic() < deadline:
@@ -206,10 +226,13 @@ def console_figures(console: Console, n: int, reads: int) -> None:
     took, status, body, headers = console.answer("/failures?" + urllib.parse.urlencode({"q": "payments down"}))
     print(f"console: a search of 2 words over {n} copies answered {status} in {took * 1000:.0f} ms"
           f"{' (partial: its time budget)' if headers.get('X-Search-Partial') else ''}")
+    kinds = ["/failures", "/api/archive?limit=100", "/", *big_pages(console, big_keys)]
     for i in range(reads):
-        console.get(("/failures", "/api/archive?limit=100", "/")[i % 3])
+        console.get(kinds[i % len(kinds)])
     rss, peak = console.rss_mib()
-    print(f"console: RSS {rss} MiB now, peak {peak} MiB, after {reads} more page reads")
+    print(f"console: RSS {rss} MiB now, peak {peak} MiB, after {reads} more reads of {len(kinds)} kinds "
+          f"(pages, the API, the big copies' pages and downloads): "
+          f"{'within' if peak <= bound_mib else 'OVER'} the bound of {bound_mib} MiB")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--big-mib", type=int, default=15)
     parser.add_argument("--reads", type=int, default=100)
     parser.add_argument("--skip-console", action="store_true")
+    parser.add_argument("--rss-bound-mib", type=int, default=400,
+                        help="the console's peak RSS this run reports itself within (docs/console.md)")
     parser.add_argument("--broker", default=URL)
     args = parser.parse_args(argv)
     service, exchange, module = unique("arch"), unique("archex"), unique("archapp")
@@ -230,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([str(Path(sys.executable).parent / "kombu-events"), "-A", module, "declare"], cwd=directory,
                        env=env, check=True, capture_output=True)
         try:
-            took = fill(args.broker, service, args.n, args.big, args.big_mib)
+            took, big_keys = fill(args.broker, service, args.n, args.big, args.big_mib)
             print(f"filled the archive with {args.n} copies ({args.big} of {args.big_mib} MiB) in {took:.1f} s")
             before = raw(args.broker, f"{service}.archive")
             for what in (["archive", "list", "--limit", "50"], ["status"]):
@@ -239,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_console:
                 console = Console(directory, env, module)
                 try:
-                    console_figures(console, args.n, args.reads)
+                    console_figures(console, args.n, args.reads, big_keys, args.rss_bound_mib)
                 finally:
                     console.stop()
             after = raw(args.broker, f"{service}.archive")
