@@ -6,19 +6,22 @@ matches none) and ``purge`` settles them as purged (only with ``--yes``; ``--dry
 
 ``list``, ``replay`` and ``purge`` select alike (:func:`_selection`): the copies still archived in order, those of
 ``--queue`` and ``--routing-key`` (a key, or a topic pattern matched as RabbitMQ matches a binding), of ``--key``
-(archive keys: exactly those copies) or ``--id`` (message ids: every copy with one), at most ``--limit`` of them;
-the dry runs read exactly what the real runs would take."""
+(archive keys: exactly those copies) or ``--id`` (message ids: every copy with one), at or before ``--through``
+(an archive offset), at most ``--limit`` of them; the dry runs read exactly what the real runs would take, and
+print the offset they read through with the command line that acts on exactly the copies they showed (a copy
+archived later has a greater offset)."""
 from __future__ import annotations
 
 import json
+import shlex
 from typing import Any, Callable, Iterable
 
 import click
 
-from ..core.logs import escape_controls
+from ..core.logs import escape_controls, safe_url
 from ..core.topic import matches
 from ..errors import KombuEventsError
-from ..ops.archive import ArchivedMessage, purge, read, replay
+from ..ops.archive import ArchivedMessage, purge, purge_note, read, replay, selected
 from ..ops.archive_rewrite import rewrite
 from .common import Context, emit_json, examples, failed, guarded, json_option
 
@@ -34,17 +37,22 @@ examples(archive,
 
 
 def _selection(queue: str | None, routing_key: str | None, keys: tuple[str, ...] = (),
-               ids: tuple[str, ...] = ()) -> Callable[[ArchivedMessage], bool]:
+               ids: tuple[str, ...] = (), through: int | None = None) -> Callable[[ArchivedMessage], bool]:
     """The copies of ``queue`` (exactly) whose routing key matches ``routing_key`` (a key or a topic pattern),
-    narrowed to the archive ``keys`` and the message ``ids`` when any are given."""
+    narrowed to the archive ``keys`` and the message ``ids`` when any are given, and to the offsets up to
+    ``through``."""
     wanted_keys, wanted_ids = set(keys), set(ids)
     return lambda m: ((queue is None or m.queue == queue)
                       and (routing_key is None or matches(routing_key, m.routing_key))
-                      and (not wanted_keys or m.key in wanted_keys) and (not wanted_ids or m.id in wanted_ids))
+                      and (not wanted_keys or m.key in wanted_keys) and (not wanted_ids or m.id in wanted_ids)
+                      and (through is None or m.offset <= through))
 
 
 def _selecting(fn: Callable[..., Any]) -> Callable[..., Any]:
     """The options that select archived messages, as ``list``, ``replay`` and ``purge`` share them."""
+    fn = click.option("--through", type=click.IntRange(min=0), metavar="OFFSET",
+                      help="Only copies at or before this archive offset: exactly those a dry run showed (it "
+                           "prints the offset and the command line to use), none archived since.")(fn)
     fn = click.option("--id", "ids", multiple=True, metavar="ID",
                       help="Only copies with this message id (several copies may share one; repeat for several "
                            "ids). An id that matches none is reported and the command exits 1.")(fn)
@@ -71,10 +79,11 @@ def _entry(message: ArchivedMessage, outcome: str, why: str | None = None) -> di
 @click.pass_obj
 @guarded
 def archive_list(obj: Context, queue: str | None, routing_key: str | None, keys: tuple[str, ...],
-                 ids: tuple[str, ...], limit: int, as_json: bool) -> None:
+                 ids: tuple[str, ...], through: int | None, limit: int, as_json: bool) -> None:
     """What is in the archive and why (a read changes nothing in the archive)."""
     with obj.connection() as conn:
-        found = read(conn, obj.events.topology(), _selection(queue, routing_key, keys, ids), limit, bodies=as_json)
+        found = read(conn, obj.events.topology(), _selection(queue, routing_key, keys, ids, through), limit,
+                     bodies=as_json)
     for m in found:
         if as_json:
             click.echo(json.dumps(m.summary()))
@@ -118,33 +127,28 @@ examples(archive_show,
 @archive.command("replay")
 @_selecting
 @click.option("--limit", type=click.IntRange(min=1), help="Replay at most this many.")
-@click.option("--dry-run", is_flag=True, help="Show what would be replayed; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Show what would be replayed, and the command line that replays "
+                                              "exactly that (--through); change nothing.")
 @json_option("archive-replay")
 @click.pass_obj
 @guarded
 def archive_replay(obj: Context, queue: str | None, routing_key: str | None, keys: tuple[str, ...],
-                   ids: tuple[str, ...], limit: int | None, dry_run: bool, as_json: bool) -> None:
+                   ids: tuple[str, ...], through: int | None, limit: int | None, dry_run: bool,
+                   as_json: bool) -> None:
     """Put archived copies back into their queue, attempt counter reset (each confirmed, then settled)."""
-    match = _selection(queue, routing_key, keys, ids)
+    match = _selection(queue, routing_key, keys, ids, through)
     with obj.connection() as conn:
         if dry_run:
-            chosen = read(conn, obj.events.topology(), match, limit, bodies=False)
-            missing = _not_found(keys, ids, chosen)
-            if as_json:
-                emit_json({"dry_run": True, "matched": len(chosen), "replayed": 0, "kept": 0,
-                           "messages": [_entry(m, "would_replay") for m in chosen] + _not_found_entries(missing)})
-            else:
-                for m in chosen:
-                    click.echo(f"would replay {m.key} (id {escape_controls(m.id)}) to {m.queue} "
-                               f"(key {escape_controls(m.routing_key)})")
-            _report_not_found(missing)
+            chosen, read_through = selected(conn, obj.events.topology(), match, limit)
+            _replay_dry_run(chosen, _pin(through, read_through), _not_found(keys, ids, chosen), as_json)
             return
         replayed, kept = replay(conn, obj.events.topology(), match, limit)
     missing = _not_found(keys, ids, replayed + [m for m, _ in kept])
     if as_json:
         emit_json({"dry_run": False, "matched": len(replayed) + len(kept), "replayed": len(replayed),
                    "kept": len(kept), "messages": [_entry(m, "replayed") for m in replayed]
-                   + [_entry(m, "kept", why) for m, why in kept] + _not_found_entries(missing)})
+                   + [_entry(m, "kept", why) for m, why in kept] + _not_found_entries(missing),
+                   "through": through, "command": None})
     else:
         for m in replayed:
             click.echo(f"replayed {m.key} (id {escape_controls(m.id)}) to {m.queue}")
@@ -156,6 +160,59 @@ def archive_replay(obj: Context, queue: str | None, routing_key: str | None, key
     _report_not_found(missing, exit_now=not kept)
     if kept:
         failed()
+
+
+def _replay_dry_run(chosen: list[ArchivedMessage], through: int | None, missing: list[tuple[str, str]],
+                    as_json: bool) -> None:
+    """What ``replay --dry-run`` prints: the copies it would replay, and how to replay exactly those."""
+    command = _pinned("replay", through)
+    if as_json:
+        emit_json({"dry_run": True, "matched": len(chosen), "replayed": 0, "kept": 0,
+                   "messages": [_entry(m, "would_replay") for m in chosen] + _not_found_entries(missing),
+                   "through": through, "command": command})
+    else:
+        for m in chosen:
+            click.echo(f"would replay {m.key} (id {escape_controls(m.id)}) to {m.queue} "
+                       f"(key {escape_controls(m.routing_key)})")
+        _report_pinned(len(chosen), through, command)
+    _report_not_found(missing)
+
+
+def _pin(asked: int | None, read_through: int | None) -> int | None:
+    """The ``--through`` of a dry run's report: the offset it read through, no further than the one ``asked``."""
+    if asked is None or read_through is None:
+        return read_through if asked is None else asked
+    return min(asked, read_through)
+
+
+def _pinned(verb: str, through: int | None) -> str | None:
+    """The command line that acts on exactly what this dry run selected: its options and ``--through``, run for
+    real (a password in ``--broker`` is shown as ``**``)."""
+    if through is None:
+        return None
+    ctx = click.get_current_context()
+    obj, given = ctx.find_object(Context), ctx.params
+    words = ["kombu-events"]
+    for flag, value in (("-A", obj and obj.app_name), ("--broker", obj and obj.broker and safe_url(obj.broker)),
+                        ("--service", obj and obj.service_name)):
+        words += [flag, str(value)] if value else []
+    words += ["archive", verb]
+    for flag, name in (("--queue", "queue"), ("--routing-key", "routing_key"), ("--limit", "limit")):
+        words += [flag, str(given[name])] if given.get(name) is not None else []
+    for flag, name in (("--key", "keys"), ("--id", "ids")):
+        for value in given.get(name) or ():
+            words += [flag, value]
+    words += ["--through", str(through)]
+    if verb == "purge":
+        words += ["--for-good", "--yes"] if given.get("for_good") else ["--yes"]
+    return shlex.join(words)
+
+
+def _report_pinned(count: int, through: int | None, command: str | None) -> None:
+    """On stderr: the offset a dry run read through, and the command line that acts on exactly its copies."""
+    if count and command is not None:
+        click.echo(f"read through archive offset {through}; to act on exactly these {count} (none archived "
+                   f"since): {command}", err=True)
 
 
 def _not_found(keys: Iterable[str], ids: Iterable[str], found: Iterable[ArchivedMessage]) -> list[tuple[str, str]]:
@@ -186,6 +243,7 @@ def _report_not_found(missing: list[tuple[str, str]], *, exit_now: bool = True) 
 
 examples(archive_replay,
          "kombu-events -A proj.events archive replay --queue billing.audit --dry-run   # what would go back",
+         "kombu-events -A proj.events archive replay --queue billing.audit --through 1042   # exactly what it showed",
          "kombu-events -A proj.events archive replay --key 3f9c2a7b81d04e6a9b1c",
          "kombu-events -A proj.events archive replay --queue billing.audit --limit 100")
 
@@ -193,7 +251,8 @@ examples(archive_replay,
 @archive.command("purge")
 @_selecting
 @click.option("--limit", type=click.IntRange(min=1), help="Purge at most this many (the oldest first).")
-@click.option("--dry-run", is_flag=True, help="Show what would be purged; change nothing (no --yes needed).")
+@click.option("--dry-run", is_flag=True, help="Show what would be purged, and the command line that purges "
+                                              "exactly that (--through); change nothing (no --yes needed).")
 @click.option("--yes", is_flag=True, help="Really purge them.")
 @click.option("--for-good", is_flag=True,
               help="Then rewrite the archive stream without every purged copy, so that their bodies are gone "
@@ -203,34 +262,27 @@ examples(archive_replay,
 @click.pass_obj
 @guarded
 def archive_purge(obj: Context, queue: str | None, routing_key: str | None, keys: tuple[str, ...],
-                  ids: tuple[str, ...], limit: int | None, dry_run: bool, yes: bool, for_good: bool,
-                  as_json: bool) -> None:
+                  ids: tuple[str, ...], through: int | None, limit: int | None, dry_run: bool, yes: bool,
+                  for_good: bool, as_json: bool) -> None:
     """Purge archived copies: hidden from every read at once, in the stream until retention (or --for-good)."""
     if not (yes or dry_run):
         raise click.UsageError("purge removes archived messages from the archive: add --yes to confirm "
                                "(or --dry-run to see what would go)")
-    match = _selection(queue, routing_key, keys, ids)
+    match = _selection(queue, routing_key, keys, ids, through)
     with obj.connection() as conn:
         topology = obj.events.topology()
         if dry_run:
-            chosen = read(conn, topology, match, limit, bodies=False)
-            missing = _not_found(keys, ids, chosen)
-            if as_json:
-                emit_json({"dry_run": True, "matched": len(chosen), "purged": 0, "erased": 0,
-                           "messages": [_entry(m, "would_purge") for m in chosen]})
-            else:
-                for m in chosen:
-                    click.echo(f"would purge {m.key} (id {escape_controls(m.id)}) from {m.queue} "
-                               f"(key {escape_controls(m.routing_key)})")
-                click.echo(f"{len(chosen)} message(s) would be purged", err=True)
-            _report_not_found(missing)
+            chosen, read_through = selected(conn, topology, match, limit)
+            _purge_dry_run(chosen, _pin(through, read_through), for_good, as_json)
+            _report_not_found(_not_found(keys, ids, chosen))
             return
         removed = purge(conn, topology, match, limit)
         erased = _rewrite(conn, topology) if for_good else 0
     missing = _not_found(keys, ids, removed)
     if as_json:
         emit_json({"dry_run": False, "matched": len(removed), "purged": len(removed), "erased": erased,
-                   "messages": [_entry(m, "purged") for m in removed]})
+                   "messages": [_entry(m, "purged") for m in removed], "through": through, "command": None,
+                   "hidden_until_retention": not for_good, "note": purge_note(for_good=for_good)})
     else:
         for m in removed:
             click.echo(f"purged {m.key} (id {escape_controls(m.id)}) from {m.queue}")
@@ -238,6 +290,21 @@ def archive_purge(obj: Context, queue: str | None, routing_key: str | None, keys
             f"; the archive was rewritten without {erased} purged cop{'y' if erased == 1 else 'ies'}" if for_good
             else "; they stay in the stream, hidden, until retention removes them (--for-good: now)"), err=True)
     _report_not_found(missing)
+
+
+def _purge_dry_run(chosen: list[ArchivedMessage], through: int | None, for_good: bool, as_json: bool) -> None:
+    """What ``purge --dry-run`` prints: the copies it would purge, and how to purge exactly those."""
+    command = _pinned("purge", through)
+    if as_json:
+        emit_json({"dry_run": True, "matched": len(chosen), "purged": 0, "erased": 0,
+                   "messages": [_entry(m, "would_purge") for m in chosen], "through": through, "command": command,
+                   "hidden_until_retention": not for_good, "note": purge_note(for_good=for_good)})
+        return
+    for m in chosen:
+        click.echo(f"would purge {m.key} (id {escape_controls(m.id)}) from {m.queue} "
+                   f"(key {escape_controls(m.routing_key)})")
+    click.echo(f"{len(chosen)} message(s) would be purged", err=True)
+    _report_pinned(len(chosen), through, command)
 
 
 def _rewrite(conn: Any, topology: Any) -> int:

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..ops.archive import PREVIEW_BYTES
+from ..ops.archive import PREVIEW_BYTES, purge_note
 from .api_requests import PURGE_FIELDS, REPLAY_FIELDS, checked_body, whole_number
 from .audit import stamp
 from .common import action_selection, guarded, id_route, selection, service_of
@@ -34,6 +34,12 @@ from .reading import Service
 
 #: Items a list answers with at most (``limit``), and without one.
 MAX_LIMIT, DEFAULT_LIMIT = 500, 50
+#: The keys of ``archive-replay`` and ``archive-purge`` the CLI's dry runs fill (``--through``, its command
+#: line): the API acts on archive keys, which pin the set already.
+_UNPINNED = {"through": None, "command": None}
+#: What an API purge means, in every ``archive-purge`` it answers with: the copies stay in the stream, hidden,
+#: until retention or a rewrite (``kombu-events archive purge --for-good``, which the API does not offer).
+_PURGE_MEANS = {"hidden_until_retention": True, "note": purge_note()}
 
 
 def _entry(message: Any, outcome: str, why: str | None = None) -> dict[str, Any]:
@@ -114,7 +120,7 @@ async def api_replay(request: Request) -> Response:
     missing = _not_found(body, chosen)
     if body.get("dry_run"):
         return JSONResponse({"dry_run": True, "matched": len(chosen), "replayed": 0, "kept": 0,
-                             "messages": [_entry(e, "would_replay") for e in chosen] + missing})
+                             "messages": [_entry(e, "would_replay") for e in chosen] + missing, **_UNPINNED})
     keys = {e.key for e in chosen}
     job_id = "api-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     replayed, kept = await run_in_threadpool(lambda: service.replay(
@@ -124,14 +130,15 @@ async def api_replay(request: Request) -> Response:
                                    query=body.get("q", ""), kept=len(kept), via="api")
     return JSONResponse({"dry_run": False, "matched": len(replayed) + len(kept), "replayed": len(replayed),
                          "kept": len(kept), "messages": [_entry(m, "replayed") for m in replayed]
-                         + [_entry(m, "kept", why) for m, why in kept] + missing},
+                         + [_entry(m, "kept", why) for m, why in kept] + missing, **_UNPINNED},
                         200 if not (kept or missing) else 207)
 
 
 @guarded
 async def api_purge(request: Request) -> Response:
     """Purge (POST ``{"q", "keys", "limit", "dry_run", "yes", "before"}``): the ``archive-purge`` document.
-    Purged copies are hidden from every reader at once; the stream keeps them until retention."""
+    Purged copies are hidden from every reader at once; the stream keeps them until retention or a rewrite
+    (``hidden_until_retention``: true, and a ``note`` that says so)."""
     body, service, principal = await _body(request, PURGE_FIELDS), service_of(request), request.state.principal
     if not (body.get("yes") or body.get("dry_run")):
         return JSONResponse({"error": "purge hides archived copies from every reader: send \"yes\": true "
@@ -139,13 +146,13 @@ async def api_purge(request: Request) -> Response:
     chosen = await run_in_threadpool(_api_selection, service, body)
     if body.get("dry_run"):
         return JSONResponse({"dry_run": True, "matched": len(chosen), "purged": 0, "erased": 0,
-                             "messages": [_entry(e, "would_purge") for e in chosen]})
+                             "messages": [_entry(e, "would_purge") for e in chosen], **_UNPINNED, **_PURGE_MEANS})
     purged = await run_in_threadpool(lambda: service.purge([e.key for e in chosen], by=principal.name,
                                                            note="console api"))
     request.app.state.audit.record(principal.name, principal.role, "purge", len(purged),
                                    query=body.get("q", ""), via="api", keys=[m.key for m in purged])
     return JSONResponse({"dry_run": False, "matched": len(chosen), "purged": len(purged), "erased": 0,
-                         "messages": [_entry(m, "purged") for m in purged]})
+                         "messages": [_entry(m, "purged") for m in purged], **_UNPINNED, **_PURGE_MEANS})
 
 
 async def api_job(request: Request) -> Response:

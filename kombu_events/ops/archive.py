@@ -23,8 +23,8 @@ counting in :mod:`.archive_count`, the replay in :mod:`.archive_replay`. Import 
 from __future__ import annotations
 
 __all__ = ["ArchivedMessage", "ReplayProgress", "LegacyArchiveError", "ArchiveMissingError", "PREVIEW_BYTES",
-           "records", "parse_record", "view", "read", "ArchiveCounter", "archived_count", "browse", "replay",
-           "purge", "purge_all", "settle", "message_key", "ORIGINAL_ID", "KEY_PREFIX_UNSTAMPED"]
+           "records", "parse_record", "view", "read", "selected", "ArchiveCounter", "archived_count", "browse",
+           "replay", "purge", "purge_all", "purge_note", "settle", "message_key", "ORIGINAL_ID", "KEY_PREFIX_UNSTAMPED"]
 
 import logging
 from typing import Any, Callable
@@ -49,6 +49,7 @@ from .archive_read import (
     pending_matching,
     read,
     records,
+    selected,
     view,
 )
 from .archive_replay import ORIGINAL_ID, ReplayProgress, replay
@@ -70,6 +71,16 @@ def purge(connection: Any, topology: Topology, match: Callable[[ArchivedMessage]
                               limit)
     settle(connection, topology, records_.PURGED, [m.key for m in chosen], by=by, note=note)
     return chosen
+
+
+def purge_note(*, for_good: bool = False) -> str:
+    """What a purge means, in one sentence for its report (the ``note`` of ``archive-purge``)."""
+    if for_good:
+        return ("purged copies are hidden from every reader at once, and the archive stream is rewritten without "
+                "them: their bodies are gone from the broker")
+    return ("purged copies are hidden from every reader at once but stay in the archive stream, bodies included, "
+            "until retention removes their segment or a rewrite removes them (kombu-events archive purge "
+            "--for-good, or archive rewrite)")
 
 
 def purge_all(connection: Any, topology: Topology, *, by: str | None = None) -> int:

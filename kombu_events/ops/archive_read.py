@@ -6,12 +6,13 @@ public names of this module).
 from __future__ import annotations
 
 __all__ = ["ArchivedMessage", "LegacyArchiveError", "ArchiveMissingError", "PREVIEW_BYTES", "KEY_PREFIX_UNSTAMPED",
-           "message_key", "parse_record", "records", "view", "read", "browse", "pending_matching", "whole_copies"]
+           "message_key", "parse_record", "records", "view", "read", "selected", "browse", "pending_matching",
+           "whole_copies"]
 
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from amqp.exceptions import NotFound
 
@@ -144,8 +145,12 @@ def view(connection: Any, topology: Topology, *, body_limit: int | None = PREVIE
          start: int | str = "first", full: bool = True) -> Fold[ArchivedMessage]:
     """The whole archive folded: copies by key, settlements applied (``pending()``: what is still archived).
     ``full=False``: each copy with the library's headers only (``partial``), for a listing or a selection."""
+    return _folded(records(connection, topology, start=start, body_limit=body_limit, full=full))
+
+
+def _folded(found: Iterable[ArchivedMessage | Settlement]) -> Fold[ArchivedMessage]:
     fold: Fold[ArchivedMessage] = Fold()
-    for record in records(connection, topology, start=start, body_limit=body_limit, full=full):
+    for record in found:
         if isinstance(record, Settlement):
             fold.settle(record)
         else:
@@ -164,6 +169,29 @@ def read(connection: Any, topology: Topology, match: Callable[[ArchivedMessage],
     if not bodies or not chosen:
         return chosen
     return list(whole_copies(connection, topology, chosen))
+
+
+def selected(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool] = lambda m: True,
+             limit: int | None = None) -> tuple[list[ArchivedMessage], int | None]:
+    """What a dry run shows: the copies still archived that ``match`` (at most ``limit``, partial, as
+    ``read(bodies=False)`` has them) and the offset that pins exactly that set (``--through``): the last offset
+    the read reached, or the last copy's when ``limit`` cut the selection short; None for an empty stream.
+
+    A copy archived later has a greater offset, so ``match`` narrowed to ``offset <= through`` selects these
+    copies and no other (fewer, when some are settled meanwhile) -- until a rewrite gives every copy a new
+    offset. Changes nothing."""
+    reached: list[int] = []
+
+    def noting(found: Iterable[ArchivedMessage | Settlement]) -> Iterator[ArchivedMessage | Settlement]:
+        for record in found:
+            reached[:] = [record.offset]
+            yield record
+
+    fold = _folded(noting(records(connection, topology, body_limit=PREVIEW_BYTES, full=False)))
+    chosen = pending_matching(fold, match, limit)
+    if limit is not None and chosen and len(chosen) >= limit:
+        return chosen, chosen[-1].offset
+    return chosen, reached[0] if reached else None
 
 
 def browse(connection: Any, topology: Topology, limit: int = 100_000) -> list[ArchivedMessage]:

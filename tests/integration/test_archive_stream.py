@@ -13,7 +13,9 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 import amqp
 import pytest
@@ -24,8 +26,10 @@ from kombu_events.core import archive_records, wire
 from kombu_events.ops import archive
 from kombu_events.ops.archive_rewrite import rewrite
 from kombu_events.ops.status import gather
+from kombu_events.testing import temporary_vhost
 
-from .harness import Project, publish_amqp, run_cli, unique, wait_for
+from ..brokers import MANAGEMENT_URL
+from .harness import Project, ctl, publish_amqp, queue_depth, run_cli, unique, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -43,12 +47,48 @@ def orders(event):
 """
 
 
+def app_of(queue_type: str) -> str:
+    body = APP.replace("QUEUE_TYPE", repr(queue_type))
+    if queue_type == "quorum":  # Celery's own task queue too (the events step refuses a classic one then)
+        body = "app.conf.task_default_queue_type = 'quorum'\n" + body
+    return body
+
+
 @pytest.fixture(params=["classic", "quorum"])
 def project(request, make_project):
-    body = APP.replace("QUEUE_TYPE", repr(request.param))
-    if request.param == "quorum":  # Celery's own task queue too (the events step refuses a classic one then)
-        body = "app.conf.task_default_queue_type = 'quorum'\n" + body
-    return make_project(body)
+    return make_project(app_of(request.param))
+
+
+@pytest.fixture(params=["classic", "quorum"])
+def project_in_own_vhost(request, tmp_path, broker_url):
+    """``project``, in a vhost of the test's own: a policy set there touches no other test's queues."""
+    with temporary_vhost(broker_url, management_url=MANAGEMENT_URL) as url:
+        made = Project(tmp_path, url, app_of(request.param))
+        made.queue_type = request.param  # type: ignore[attr-defined]
+        try:
+            yield made
+        finally:
+            made.cleanup()
+
+
+def policies(broker_url: str) -> dict[str, str]:
+    """{queue: the policy that applies to it} in the URL's vhost (rabbitmqctl: the management API lags)."""
+    vhost = unquote(urlsplit(broker_url).path[1:]) or "/"
+    lines = ctl("list_queues", "-p", vhost, "--no-table-headers", "name", "policy").stdout.splitlines()
+    return {name: policy.strip() for name, _, policy in (line.partition("\t") for line in lines)}
+
+
+def put_policy(broker_url: str, name: str, definition: dict[str, Any]) -> None:
+    """A policy ``name`` on every queue of the URL's vhost (the management API, the URL's credentials)."""
+    parts = urlsplit(broker_url)
+    vhost = quote(unquote(parts.path[1:]) or "/", safe="")
+    body = json.dumps({"pattern": ".*", "apply-to": "queues", "definition": definition, "priority": 7}).encode()
+    request = urllib.request.Request(f"{MANAGEMENT_URL}/api/policies/{vhost}/{quote(name, safe='')}", data=body,
+                                     method="PUT", headers={"content-type": "application/json"})
+    password = urllib.request.HTTPPasswordMgrWithDefaultRealm()
+    password.add_password(None, MANAGEMENT_URL, unquote(parts.username or "guest"), unquote(parts.password or "guest"))
+    with urllib.request.build_opener(urllib.request.HTTPBasicAuthHandler(password)).open(request, timeout=10):
+        pass
 
 
 def raw(project: Project) -> list[tuple[int, bytes, dict[str, Any]]]:
@@ -87,14 +127,22 @@ def cli(project: Project, *args: str, code: int = 0):
     return result
 
 
-def test_a_hundred_reads_leave_every_archived_copy_in_place(project):
+def test_a_hundred_reads_leave_every_archived_copy_in_place_under_a_delivery_limit_of_one(project_in_own_vhost):
+    """A hundred reads, fifteen of them the CLI's own processes (``archive list``, ``archive show``), under a
+    policy of ``delivery-limit: 1`` on every queue of the vhost: were a read a delivery (an archive that is a
+    queue), a quorum archive would drop each copy at its second read."""
+    project = project_in_own_vhost
     project.worker().wait_ready()
+    put_policy(project.broker_url, "deliver-once", {"delivery-limit": 1})
+    if project.queue_type == "quorum":  # a classic queue and a stream take no delivery limit
+        wait_for(lambda: policies(project.broker_url).get(f"{project.service}.orders") == "deliver-once",
+                 what="the policy on the quorum handler queue")
     ids = [send(project, {"fail": True, "n": n}) for n in range(3)]
     wait_for(lambda: len(copies(project)) == 3, what="3 archived copies")
     before = raw(project)
     topo = topology(project)
     with Connection(project.broker_url) as conn:
-        for n in range(95):  # what list, show, dry runs, status and the console's first index read with
+        for n in range(85):  # what list, show, dry runs, status and the console's first index read with
             if n % 3 == 0:
                 found = archive.read(conn, topo)
             elif n % 3 == 1:
@@ -103,10 +151,12 @@ def test_a_hundred_reads_leave_every_archived_copy_in_place(project):
                 found = archive.view(conn, topo).pending()
             assert sorted(m.id for m in found) == sorted(ids)
         assert [s.ready for s in gather(conn, topo) if s.role == "archive"] == [3]
-    for _ in range(4):
-        assert len(cli(project, "archive", "list", "--json").stdout.splitlines()) == 3
-    key = json.loads(cli(project, "archive", "list", "--json").stdout.splitlines()[0])["key"]
-    assert json.loads(cli(project, "archive", "show", key).stdout)["key"] == key
+    for n in range(10):  # kombu-events archive list and show, as an operator runs them
+        listed = [json.loads(line) for line in cli(project, "archive", "list", "--json").stdout.splitlines()]
+        assert sorted(m["id"] for m in listed) == sorted(ids)
+        if n % 2:
+            key = listed[n % 3]["key"]
+            assert json.loads(cli(project, "archive", "show", key).stdout)["key"] == key
     assert raw(project) == before, "offsets, bodies and headers of every record as they were"
     assert project.records(replay_of=None) and len(project.records()) == 3, "nothing was delivered again"
 
@@ -208,34 +258,97 @@ def test_readers_a_replay_and_a_worker_archiving_at_once_lose_and_duplicate_noth
         assert archive.view(conn, topo).pending() == []
 
 
-def test_a_replay_run_again_before_its_settlement_sends_the_same_ids(project, monkeypatch):
-    project.declare()
-    topo = topology(project)
+def archive_by_hand(project: Project, message_id: str) -> str:
+    """Archive one copy of a failed ``orders.1`` event as a worker does (stream headers packed); its key."""
     body = json.dumps({"fail": True}).encode()
     headers = stream_headers.pack({"application_headers": wire.archive_headers(
         {}, attempt=1, queue=f"{project.service}.orders", routing_key="orders.1", reason="r", exception="E",
         traceback="")})["application_headers"]
-    publish_amqp(project.broker_url, f"{project.service}.archive", "", body, message_id="m-7",
+    publish_amqp(project.broker_url, f"{project.service}.archive", "", body, message_id=message_id,
                  application_headers=headers)
     wait_for(lambda: len(copies(project)) == 1, what="the archived copy")
-    key = headers[wire.ARCHIVE_KEY]
+    return str(headers[wire.ARCHIVE_KEY])
+
+
+def replay_twice_before_settling(project: Project, monkeypatch, **options: Any) -> str:
+    """Replay the one archived copy, the connection lost before its settlement; then replay it again; its key."""
+    topo = topology(project)
 
     def crash(*args, **kwargs):
         raise ConnectionResetError("the connection went away before the settlement")
 
     with Connection(project.broker_url) as conn:
+        (key,) = [m.key for m in archive.read(conn, topo)]
         with monkeypatch.context() as patched:
             patched.setattr(archive_records, "settlement_record", crash)
             with pytest.raises(ConnectionResetError):
-                archive.replay(conn, topo, lambda m: True, edits={key: b'{"fixed": true}'})
+                archive.replay(conn, topo, lambda m: True, **options)
         assert [m.key for m in archive.view(conn, topo).pending()] == [key], "not settled: still listed"
-        replayed, kept = archive.replay(conn, topo, lambda m: True, edits={key: b'{"fixed": true}'})
+        replayed, kept = archive.replay(conn, topo, lambda m: True, **options)
         assert [m.key for m in replayed] == [key] and kept == []
+        assert archive.view(conn, topo).pending() == [], "settled by the second replay"
+    return key
+
+
+def test_a_replay_run_again_before_its_settlement_sends_the_same_ids(project, monkeypatch):
+    project.declare()
+    key = archive_by_hand(project, "m-7")
+    assert replay_twice_before_settling(project, monkeypatch, edits={key: b'{"fixed": true}'}) == key
     sent_twice = take(project, f"{project.service}.orders", 2)
     assert len(sent_twice) == 2
     assert sent_twice[0].properties["message_id"] == sent_twice[1].properties["message_id"] != "m-7"
     assert {m.headers[wire.REPLAY_OF] for m in sent_twice} == {key}, "an inbox drops the second one"
     assert {m.headers[archive.ORIGINAL_ID] for m in sent_twice} == {"m-7"}
+
+
+ONCE_APP = """
+import sqlalchemy as sa
+from kombu_events.database import session
+
+engine = sa.create_engine(DB_URL)
+effects = sa.Table("effects", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
+                   sa.Column("replay_of", sa.String(50), nullable=False))
+
+events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_unit_ms=100, delay_levels=2, max_retries=0,
+                database=engine)
+
+@events.handler("orders.#", bind=True, once=True)
+def orders(event):
+    replay_of = event.headers.get("kombu-events-replay-of")
+    session().execute(effects.insert().values(replay_of=replay_of or ""))
+    record(message_id=event.message_id, replay_of=replay_of)
+"""
+
+
+def test_a_replay_run_again_before_its_settlement_has_one_effect_in_a_once_handler(make_project, effects_database,
+                                                                                 monkeypatch):
+    """Both copies of a replay run twice (the first lost its connection before the settlement) reach the handler's
+    queue; a worker's ``once=True`` handler on PostgreSQL commits one effect: the inbox drops the second copy
+    before the handler runs.
+
+    Mutation check: were a replayed copy sent under a new message id each time, the inbox would take both copies
+    and two rows would be written.
+    """
+    import psycopg
+
+    from .conftest import POSTGRES
+    url = effects_database("archive_once", "id serial PRIMARY KEY, replay_of varchar(50) NOT NULL")
+    project = make_project(f"DB_URL = {url!r}\n" + ONCE_APP)
+    project.declare()
+    key = archive_by_hand(project, "m-8")
+    assert replay_twice_before_settling(project, monkeypatch) == key
+    handler_queue = f"{project.service}.orders"
+    assert queue_depth(project.broker_url, handler_queue) == (2, 0), "both copies sent to the handler's queue"
+    project.worker().wait_ready()
+    wait_for(lambda: project.records(replay_of=key), what="the replayed copy handled")
+    wait_for(lambda: queue_depth(project.broker_url, handler_queue)[0] == 0, what="both copies taken")
+    time.sleep(1.0)  # the second copy's inbox check and ack, had it run the handler
+    with psycopg.connect(dbname=url.rsplit("/", 1)[1], autocommit=True, **POSTGRES) as connection:
+        rows = connection.execute("SELECT replay_of FROM effects").fetchall()
+        inbox = connection.execute("SELECT count(*) FROM kombu_events_inbox").fetchone()
+    assert rows == [(key,)], "one effect for the two copies"
+    assert [r["message_id"] for r in project.records()] == ["m-8"], "the handler ran once"
+    assert inbox == (1,)
 
 
 def take(project: Project, queue: str, count: int) -> list[Any]:

@@ -7,6 +7,7 @@ file exists: the test "fixes the bug" by deleting it.
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from kombu_events.core import wire
 from kombu_events.core.config import Settings
 from kombu_events.core.logs import safe_url
 from kombu_events.core.topology import build_topology
-from kombu_events.ops.archive import ArchivedMessage, purge
+from kombu_events.ops.archive import ArchivedMessage, purge, purge_note
 
 from .. import brokers
 from .harness import (
@@ -489,7 +490,8 @@ def test_archive_purge_dry_run_reports_what_would_go_and_removes_nothing(make_pr
     dry = cli(project, "archive", "purge", "--routing-key", "orders.*.created", "--dry-run")  # no --yes needed
     assert dry.stdout.splitlines() == [f"would purge {key[o1]} (id {o1}) from {orders} (key orders.1.created)",
                                        f"would purge {key[o2]} (id {o2}) from {orders} (key orders.2.created)"]
-    assert dry.stderr == "2 message(s) would be purged\n"
+    assert dry.stderr.splitlines()[0] == "2 message(s) would be purged"
+    assert dry.stderr.splitlines()[1].startswith("read through archive offset ")
 
     def would_go(*args: str) -> list[str]:
         report = one_document("archive-purge", cli(project, "archive", "purge", *args, "--dry-run", "--json").stdout)
@@ -516,6 +518,47 @@ def test_archive_purge_dry_run_reports_what_would_go_and_removes_nothing(make_pr
     replay = cli(project, "archive", "replay", "--routing-key", "*.*.created", "--limit", "2", "--dry-run")
     assert [line.split()[2] for line in replay.stdout.splitlines()] == [key[o1], key[o2]]
     assert archive_contents(project) == before
+
+
+def test_a_dry_run_pins_its_copies_with_through_and_a_copy_archived_after_it_stays(make_project):
+    """Replay and purge act on exactly the copies their dry run showed: it reports the offset it read through and
+    the command line with ``--through``; a matching copy archived after the dry run stays archived.
+
+    Mutation check: were --through left out of the selection, the real runs would take o3 (and o4) too.
+    """
+    project = make_project()
+    project.declare()
+    o1, o2 = archive_directly(project, [("orders", "orders.1.created"), ("orders", "orders.2.created")])
+    orders = queue(project, "orders")
+    dry = one_document("archive-replay", cli(project, "archive", "replay", "--queue", orders, "--dry-run",
+                                             "--json").stdout)
+    assert [m["id"] for m in dry["messages"]] == [o1, o2] and isinstance(dry["through"], int)
+    assert dry["command"] == shlex.join(["kombu-events", "-A", project.module, "archive", "replay", "--queue",
+                                         orders, "--through", str(dry["through"])])
+    (o3,) = archive_directly(project, [("orders", "orders.3.created")])
+    pinned = json_lines("archive-list", cli(project, "archive", "list", "--through", str(dry["through"]),
+                                            "--json").stdout)
+    assert [m["id"] for m in pinned] == [o1, o2], "list --through: the dry run's copies, not o3"
+    assert all(m["offset"] <= dry["through"] for m in pinned)
+
+    real = one_document("archive-replay", cli(project, *shlex.split(dry["command"])[3:], "--json").stdout)
+    assert [(m["id"], m["outcome"]) for m in real["messages"]] == [(o1, "replayed"), (o2, "replayed")]
+    assert (real["through"], real["command"]) == (dry["through"], None)
+    assert [m[0] for m in archive_contents(project)] == [o3], "archived after the dry run: still archived"
+
+    text = cli(project, "archive", "purge", "--routing-key", "orders.#", "--dry-run")
+    key3 = keys_of(project)[o3]
+    assert text.stdout.splitlines() == [f"would purge {key3} (id {o3}) from {orders} (key orders.3.created)"]
+    line = text.stderr.splitlines()[-1]
+    through = line.removeprefix("read through archive offset ").split(";")[0]
+    command = line.split("(none archived since): ", 1)[1]
+    assert command == shlex.join(["kombu-events", "-A", project.module, "archive", "purge", "--routing-key",
+                                  "orders.#", "--through", through, "--yes"])
+    (o4,) = archive_directly(project, [("orders", "orders.4.created")])
+    purged = one_document("archive-purge", cli(project, *shlex.split(command)[3:], "--json").stdout)
+    assert [m["id"] for m in purged["messages"]] == [o3]
+    assert (purged["hidden_until_retention"], purged["note"]) == (True, purge_note())
+    assert [m[0] for m in archive_contents(project)] == [o4], "archived after the dry run: still archived"
 
 
 def test_archive_purge_by_pattern_deletes_exactly_the_matching_messages(make_project):
