@@ -220,6 +220,26 @@ def test_started_reads_depths_at_once_and_every_15_s_on_the_event_loop(metrics):
     assert metrics.registry.get_sample_value("kombu_events_archive_depth", {"service": "billing"}) == 12
 
 
+def test_each_partition_of_an_ordered_handler_has_its_own_depth_gauge(events, metrics):
+    @events.handler("shipments.#", ordered_by="key", partitions=3)
+    def ship(payload):
+        pass
+
+    depths = {"billing.audit": 0, "billing.ship.p0": 5, "billing.ship.p1": 0, "billing.ship.p2": 7}
+    connection = FakeConnection(depths)
+    control = FakeControl(connection)
+    control.queues = tuple(h.queue for h in events.handlers)  # what the worker consumes: each partition
+    assert control.queues == ("billing.audit", "billing.ship.p0", "billing.ship.p1", "billing.ship.p2")
+    metrics.started(control)
+    control.timers[0][2]()
+    assert {q for q in connection.declared if q.startswith("billing.ship")} == {
+        "billing.ship.p0", "billing.ship.p1", "billing.ship.p2"}
+    got = {q: metrics.registry.get_sample_value("kombu_events_queue_depth",
+                                                {"service": "billing", "queue": q, "handler": "ship"})
+           for q in ("billing.ship.p0", "billing.ship.p1", "billing.ship.p2")}
+    assert got == {"billing.ship.p0": 5, "billing.ship.p1": 0, "billing.ship.p2": 7}
+
+
 def test_no_depth_reading_while_the_step_has_no_connection(metrics):
     control = FakeControl(connection=None)
     metrics.started(control)
