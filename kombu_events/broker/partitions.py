@@ -10,17 +10,23 @@ the broker holds other partitions than the app's, or a change left unfinished. `
 
 The partition queues of a count are ``<queue>.p0 ..`` with as many digits as the count needs, made in
 order and removed highest first: they are found by passive declares from index 0 up, for each width.
+A quorum partition (single active consumer) refuses ``basic.get``: :func:`consume_partition` reads one
+with a consumer.
 """
 from __future__ import annotations
 
-__all__ = ["existing_partitions", "check_partitions"]
+__all__ = ["existing_partitions", "check_partitions", "consume_partition"]
 
-from typing import Any
+import socket
+from typing import Any, Callable
+
+from amqp import Message
 
 from ..core import names, ordering
 from ..core.topology import PartitionSet, Topology
 from ..errors import PartitionsChangedError
 from . import declare
+from .confirms import Confirmer
 
 _WIDTHS = range(1, len(str(ordering.MAX_PARTITIONS - 1)) + 1)
 _PROBE = 16  # names asked for at once (one passive declare each, on one channel until a missing one)
@@ -74,3 +80,46 @@ def _changed(partitions: PartitionSet, existing: dict[str, declare.QueueCounts])
 
 def _span(queues: list[str]) -> str:
     return queues[0] if len(queues) == 1 else f"{queues[0]} .. {queues[-1]}"
+
+
+def consume_partition(connection: Any, source: str, address: Callable[[Any], tuple[str, str]],
+                      copy: Callable[[Any], tuple[bytes, dict[str, Any]]], *, expected: int,
+                      idle_s: float = 5.0) -> tuple[int, list[str]]:
+    """Move ``expected`` messages of ``source`` (fewer if none comes for ``idle_s``), in order, each copy
+    published to ``address(message)``, mandatory and confirmed, its original acked once confirmed; with a
+    consumer, as a quorum queue with a single active consumer refuses ``basic.get``. (moved, why the broker
+    refused a copy); what was delivered but not moved goes back to ``source`` with the channel."""
+    channel = connection.channel()
+    channel.auto_decode = False  # bodies as they are
+    confirmer, failures, delivered = Confirmer(channel), [], []  # type: ignore[var-annotated]
+    moved, confirmed = 0, [0]
+    try:
+        channel.basic_qos(0, max(1, min(expected, 200)), False)
+        tag = channel.basic_consume(source, no_ack=False, callback=delivered.append)
+        while moved < expected and not failures:
+            if not delivered:
+                try:
+                    connection.drain_events(timeout=idle_s)
+                except socket.timeout:
+                    break  # nothing more came: fewer than counted
+                continue
+            message = delivered.pop(0)
+            body, properties = copy(message)
+            confirmer.publish(Message(body, **properties), *address(message), on_ok=_acker(channel, message, confirmed),
+                              on_fail=failures.append)
+            moved += 1
+        # Acked before the cancel: a quorum queue returns what a cancelled single active consumer holds, and an
+        # ack after that finds nothing (the original would stay beside its copy).
+        confirmer.wait(timeout_s=30, reraise=True)
+        channel.basic_cancel(tag)
+    finally:
+        declare.close_quietly(channel)
+    return confirmed[0], failures
+
+
+def _acker(channel: Any, message: Any, confirmed: list[int]) -> Callable[[], None]:
+    """Ack ``message`` once its copy is confirmed, and count it."""
+    def ack() -> None:
+        channel.basic_ack(message.delivery_tag)
+        confirmed[0] += 1
+    return ack

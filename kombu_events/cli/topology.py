@@ -215,9 +215,23 @@ def _migrate_partitions(obj: Context, dry_run: bool) -> None:
             for exchange in topology.exchanges:  # what the partitions and the holding queue bind to (idempotent)
                 exchange.bind(conn.default_channel).declare()
             moved = repartition.execute(conn, topology, partitions, steps, report=lambda line: click.echo(f"  {line}"))
-            click.echo(f"moved {partitions.queue} to {len(partitions.queues)} partitions: {moved['partitions']} "
-                       f"event(s) from the partitions, {moved['held']} published meanwhile, {moved['switch']} in "
-                       "the instant of the switch (these may run after a later event of their key)")
+            _say_moved(partitions.queue, len(partitions.queues), moved)
+
+
+def _say_moved(queue: str, count: int, moved: dict[str, int]) -> None:
+    """``migrate --partitions``: the counts of one handler's move, its mismatches, and the bridge left."""
+    click.echo(f"moved {queue} to {count} partitions: {moved['partitions']} event(s) from the partitions, "
+               f"{moved['held']} published meanwhile, {moved['switch']} in the instant of the switch (these may run "
+               f"after a later event of their key), {moved['late']} sent to a queue being deleted, "
+               f"{moved['returns']} retry(ies) back from the ladder for a dropped partition")
+    click.echo(f"counted {moved['counted']} event(s) waiting in the partitions, staged {moved['staged']}; "
+               f"{moved['staging']} staged in all, sent {moved['partitions']} to the new partitions")
+    for line in repartition.reconcile(moved):
+        click.echo(line, err=True)
+    if moved["bridge"]:
+        click.echo(f"{repartition.returns_queue(queue)} stays (retries in the ladder may still come back to a "
+                   "dropped partition): the workers may start; run `kombu-events migrate --partitions` again once "
+                   "the retry ladder is empty", err=True)
 
 
 def _say_steps(steps: Iterable[Any], indent: str = "") -> None:
