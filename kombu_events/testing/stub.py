@@ -45,6 +45,7 @@ from .records import ArchivedCopy, Pending, SentMessage, Settled, fails_fast
 from .stub_batches import deliver_batch
 from .stub_broker import LostCopy, QueuedCopy, StubBroker
 from .stub_publishing import StubPublisher, broker_user, default_exchange, published_message
+from .stub_readers import StubReaders, soonest
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class StubEvents:
         self._failure: BaseException | None = None  # the undeclared exception it raised
         self._saved: list[tuple[Events, Publisher | None]] = []
         self._broker = StubBroker(self.app, lambda: tuple(self._topology(e) for e in registry.services_of(self.app)))
+        self._readers = StubReaders(self)  # the readers of the app's logs, each at its place
         #: Every settled delivery, in order (``acked``, ``retried``, ... are views of it).
         self.settled: list[Settled] = []
         #: The RabbitMQ user the worker would connect as (the broker URL's): the ``user_id`` of its republished copies.
@@ -198,15 +200,21 @@ class StubEvents:
         return found
 
     def calls(self, handler: Callable[..., Any]) -> list[Any]:
-        """What ``handler`` (the decorated function) was called with, in order: payloads, or Events with bind=True
-        (a batch handler's: one list per call).
+        """What ``handler`` (the decorated function, a reader's too) was called with, in order: payloads, or Events
+        with bind=True (a batch handler's: one list per call).
 
         Raises ConfigurationError for a function that is no handler of the app: an
         assertion that it was never called would pass for the wrong reason.
         """
-        if not any(h.fn is handler for events in registry.services_of(self.app) for h in events.handlers):
-            raise ConfigurationError(f"{handler!r} is not a handler of {self.app!r}")
+        if not any(h.fn is handler for events in registry.services_of(self.app)
+                   for h in events.handlers + events.readers):
+            raise ConfigurationError(f"{handler!r} is not a handler or reader of {self.app!r}")
         return list(self._calls.get(handler, ()))
+
+    def position(self, reader: Callable[..., Any]) -> int | None:
+        """The next offset ``reader`` (the decorated function) reads in its log; None before it started (it starts
+        at its ``start=`` on the first join() or advance() after it was declared)."""
+        return self._readers.position(reader)
 
     # -- publishing -----------------------------------------------------------------------------
 
@@ -232,7 +240,8 @@ class StubEvents:
     # -- the clock --------------------------------------------------------------------------------
 
     def join(self, *, fail_fast: bool = True) -> None:
-        """Handle every message due now, and what they publish or retry with no delay, until none is due.
+        """Handle every message due now, and what they publish or retry with no delay, until none is due; so do
+        the readers of the app's logs with the events appended to them (testing/stub_readers.py).
 
         Messages due later stay pending until :meth:`advance`. ``fail_fast``: once its
         message is settled, re-raise the first exception of a handler that
@@ -240,14 +249,16 @@ class StubEvents:
         """
         registry.resolve(self.app)  # the runner finds this app's handler by queue name
         self._broker.check_lost()
+        self._readers.start()
         with _Listening(self):
             for count in itertools.count(1):
-                if self._broker.next_due(self._broker.now_ms) is None:
+                queued = self._broker.next_due(self._broker.now_ms) is not None
+                if not queued and self._readers.next_due(self._broker.now_ms) is None:
                     return
                 if count > LOOP_LIMIT:
                     raise KombuEventsError(f"join() handled {LOOP_LIMIT} messages at t={self.now:g} s and more are "
                                            "due: does a handler or middleware send them back with no delay?")
-                failure = self._deliver(self._broker.take())
+                failure = self._deliver(self._broker.take()) if queued else self._readers.read()
                 self._broker.check_lost()
                 if fail_fast and failure is not None:
                     raise failure
@@ -262,7 +273,7 @@ class StubEvents:
         clock = self._broker
         target_ms = clock.now_ms + float(Decimal(repr(float(seconds))) * 1000)
         self.join(fail_fast=fail_fast)
-        while (due_ms := clock.next_due(target_ms)) is not None:
+        while (due_ms := soonest(clock.next_due(target_ms), self._readers.next_due(target_ms))) is not None:
             clock.now_ms = max(clock.now_ms, due_ms)
             self.join(fail_fast=fail_fast)
         clock.now_ms = target_ms
