@@ -1,6 +1,8 @@
 """Broker-side helpers of the runner: declare, fill, inspect and delete what a run uses."""
 from __future__ import annotations
 
+import os
+import shlex
 import subprocess
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -138,10 +140,17 @@ def delete_service(url: str, topologies: Iterable[Any], service: str) -> None:
     delete(url, queues, exchanges)
 
 
+def rabbitmqctl() -> list[str]:
+    """The command that runs rabbitmqctl against the broker of the run: ``KEB_RABBITMQCTL`` (or the test suite's
+    ``KOMBU_EVENTS_TEST_RABBITMQCTL``, as ``scripts/rabbitmq4-node env`` sets it), else the host's."""
+    command = os.environ.get("KEB_RABBITMQCTL") or os.environ.get("KOMBU_EVENTS_TEST_RABBITMQCTL")
+    return shlex.split(command) if command else ["rabbitmqctl"]
+
+
 def leftovers(prefix: str) -> tuple[list[str], list[str]]:
     """Queues and exchanges on the broker whose name starts with ``prefix``."""
     def names(what: str) -> list[str]:
-        out = subprocess.run(["rabbitmqctl", "-q", f"list_{what}", "name"], capture_output=True, text=True,
+        out = subprocess.run([*rabbitmqctl(), "-q", f"list_{what}", "name"], capture_output=True, text=True,
                              timeout=60).stdout
         return [n for n in out.split() if n.startswith(prefix)]
     return names("queues"), names("exchanges")
