@@ -174,7 +174,7 @@ def _replay_dry_run(chosen: list[ArchivedMessage], through: int | None, missing:
         for m in chosen:
             click.echo(f"would replay {m.key} (id {escape_controls(m.id)}) to {m.queue} "
                        f"(key {escape_controls(m.routing_key)})")
-        _report_pinned(len(chosen), through, command)
+        _report_pinned("replay", len(chosen), through, command)
     _report_not_found(missing)
 
 
@@ -205,14 +205,28 @@ def _pinned(verb: str, through: int | None) -> str | None:
     words += ["--through", str(through)]
     if verb == "purge":
         words += ["--for-good", "--yes"] if given.get("for_good") else ["--yes"]
-    return shlex.join(words)
+    return " ".join(_shell_word(word) for word in words)
 
 
-def _report_pinned(count: int, through: int | None, command: str | None) -> None:
-    """On stderr: the offset a dry run read through, and the command line that acts on exactly its copies."""
-    if count and command is not None:
-        click.echo(f"read through archive offset {through}; to act on exactly these {count} (none archived "
-                   f"since): {command}", err=True)
+def _shell_word(word: str) -> str:
+    """``word`` quoted for a POSIX shell, on one line: one with a control character (an id may hold a newline) in
+    bash's ``$'...'`` form, its control characters as ``\\xNN``."""
+    if not any(ord(c) < 0x20 or ord(c) == 0x7F for c in word):
+        return shlex.quote(word)
+    escaped = "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else "\\" + c if c in "\\'" else c
+                      for c in word)
+    return f"$'{escaped}'"
+
+
+def _report_pinned(verb: str, count: int, through: int | None, command: str | None) -> None:
+    """On stderr: the offset a dry run read through, and the command line that acts on exactly its copies (not
+    for a selection by archive keys alone, which is exact already)."""
+    given = click.get_current_context().params
+    by_keys_alone = given.get("keys") and not any(given.get(name) for name in ("queue", "routing_key", "ids"))
+    if count and command is not None and not by_keys_alone:
+        these = "this one" if count == 1 else f"these {count}"
+        click.echo(f"read through archive offset {through}; to {verb} exactly {these}, none archived since: "
+                   f"{command}", err=True)
 
 
 def _not_found(keys: Iterable[str], ids: Iterable[str], found: Iterable[ArchivedMessage]) -> list[tuple[str, str]]:
@@ -304,7 +318,7 @@ def _purge_dry_run(chosen: list[ArchivedMessage], through: int | None, for_good:
         click.echo(f"would purge {m.key} (id {escape_controls(m.id)}) from {m.queue} "
                    f"(key {escape_controls(m.routing_key)})")
     click.echo(f"{len(chosen)} message(s) would be purged", err=True)
-    _report_pinned(len(chosen), through, command)
+    _report_pinned("purge", len(chosen), through, command)
 
 
 def _rewrite(conn: Any, topology: Any) -> int:

@@ -57,7 +57,11 @@ def test_the_cli_reports_every_id_it_did_not_find_and_exits_1(service, replay_cl
     assert dry.exit_code == 1
     key = dry.stdout.split()[2]
     assert dry.stdout == f"would replay {key} (id {first}) to {service.queue('orders')} (key orders.0.created)\n"
-    assert dry.stderr == f"not found: no archived copy with id {first + chr(10)!r}\n"
+    pinned, not_found = dry.stderr.splitlines(keepends=True)
+    assert pinned.startswith("read through archive offset "), pinned
+    assert "; to replay exactly this one, none archived since: kombu-events " in pinned, pinned
+    assert "--id $'" in pinned, "the id with a newline, quoted on the command's one line"
+    assert not_found == f"not found: no archived copy with id {first + chr(10)!r}\n"
     dry_json = replay_cli("--id", first, "--id", "nope", "--dry-run", "--json")
     document = assert_valid("archive-replay", json.loads(dry_json.stdout))
     assert [(m["id"], m["outcome"]) for m in document["messages"]] == [(first, "would_replay"), ("nope", "not_found")]

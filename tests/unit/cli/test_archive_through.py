@@ -51,8 +51,23 @@ def test_a_replay_dry_run_reports_its_offset_and_the_command_that_replays_exactl
     assert document["command"] == ("kombu-events -A app archive replay --queue svc.orders --id 'm 1' --id m2 "
                                    "--through 3")
     text = invoke("-A", "app", "archive", "replay", "--limit", "2", "--dry-run")
-    assert text.stderr.splitlines()[-1] == ("read through archive offset 2; to act on exactly these 2 (none archived "
-                                            "since): kombu-events -A app archive replay --limit 2 --through 2")
+    assert text.stderr.splitlines()[-1] == ("read through archive offset 2; to replay exactly these 2, none archived "
+                                            "since: kombu-events -A app archive replay --limit 2 --through 2")
+    by_keys = invoke("-A", "app", "archive", "replay", "--key", HELD[0].key, "--dry-run")
+    assert by_keys.stdout.startswith(f"would replay {HELD[0].key} ")
+    assert "read through" not in by_keys.stderr, "archive keys alone pin the selection already"
+    one = invoke("-A", "app", "archive", "purge", "--id", "m2", "--dry-run")
+    assert one.stderr.splitlines()[-1] == ("read through archive offset 3; to purge exactly this one, none archived "
+                                           "since: kombu-events -A app archive purge --id m2 --through 3 --yes")
+
+
+@pytest.mark.parametrize("word", ["a\nb", "it's\n", "x\\y\x7f", "tab\there", "plain", "sp ace"])
+def test_a_pinned_command_line_is_one_line_that_bash_reads_back_as_given(word):
+    import subprocess
+
+    quoted = archive_cli._shell_word(word)
+    assert "\n" not in quoted
+    assert subprocess.run(["bash", "-c", f"printf %s {quoted}"], capture_output=True, text=True).stdout == word
 
 
 def test_a_purge_dry_run_pins_with_yes_and_hides_no_password():
