@@ -551,7 +551,8 @@ def test_a_dry_run_pins_its_copies_with_through_and_a_copy_archived_after_it_sta
     assert text.stdout.splitlines() == [f"would purge {key3} (id {o3}) from {orders} (key orders.3.created)"]
     line = text.stderr.splitlines()[-1]
     through = line.removeprefix("read through archive offset ").split(";")[0]
-    command = line.split("(none archived since): ", 1)[1]
+    assert "; to purge exactly this one, none archived since: " in line, line
+    command = line.split(", none archived since: ", 1)[1]
     assert command == shlex.join(["kombu-events", "-A", project.module, "archive", "purge", "--routing-key",
                                   "orders.#", "--through", through, "--yes"])
     (o4,) = archive_directly(project, [("orders", "orders.4.created")])
