@@ -94,11 +94,22 @@ class Project:
         self.workers: list[Worker] = []
 
     def records(self, **match: Any) -> list[dict[str, Any]]:
-        """Everything the handlers recorded so far (only records with these field values, if given)."""
+        """Everything the handlers recorded so far (only records with these field values, if given).
+
+        A line without its newline is one a handler is still writing (a read can see part of a write): left for
+        the next read. A line that is not JSON was torn by a process killed while writing it: its handler never
+        finished, so it is no record (the event comes again)."""
         if not self.records_path.exists():
             return []
-        lines = self.records_path.read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
+        text = self.records_path.read_text()
+        records = []
+        for line in text[:text.rfind("\n") + 1].splitlines():
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
         return [r for r in records if all(r.get(k) == v for k, v in match.items())]
 
     def node_publish(self, *messages: dict[str, Any]) -> None:
