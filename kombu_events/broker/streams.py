@@ -33,6 +33,8 @@ OFFSET_HEADER = "x-stream-offset"
 PREFETCH = 100
 #: Acks are sent this many messages at a time (``multiple``): half the prefetch, so that credit never runs out.
 _ACK_EVERY = PREFETCH // 2
+#: A read waiting for its end looks this often whether the stream still holds anything (retention may empty it).
+_PROBE_S = 2.0
 
 
 class NotAStreamError(KombuEventsError):
@@ -133,13 +135,16 @@ def read(connection: Any, queue: str, *, start: int | str | datetime = "first", 
          settle_s: float = 0.2, stall_s: float = 60.0, prefetch: int = PREFETCH) -> Iterator[tuple[int, Any]]:
     """(offset, message) for each message of stream ``queue`` from ``start`` (an offset, or ``"first"``) to the
     end the read found when it began (see the module), in order, on a channel of its own closed when the
-    iteration ends or is abandoned. Nothing for ``stall_s`` before that end raises StreamStalledError."""
+    iteration ends or is abandoned. When nothing comes for a while before that end, the read asks again for the
+    last chunk: none means retention has since removed everything up to the end, and the read ends there.
+    Nothing for ``stall_s`` before that end, with records still in the stream, raises StreamStalledError."""
     end = last_chunk_offset(connection, queue, wait_s=tail_wait_s)
     if end is None:
         return
     # A start past the end's first offset: only what is left of the last chunk after it (never before start).
     past_end = isinstance(start, int) and start > end
-    for item in _records(connection, queue, start, end, settle_s, stall_s, prefetch, reached=past_end):
+    for item in _records(connection, queue, start, end, settle_s, stall_s, prefetch, reached=past_end,
+                         tail_wait_s=tail_wait_s):
         if item is not None:
             yield item
 
@@ -152,23 +157,25 @@ def follow(connection: Any, queue: str, *, start: int | str | datetime = "first"
 
 
 def _records(connection: Any, queue: str, start: int | str | datetime, end: int | None, settle_s: float, stall_s: float,
-             prefetch: int, reached: bool = False) -> Iterator[tuple[int, Any] | None]:
+             prefetch: int, reached: bool = False, tail_wait_s: float = 3.0) -> Iterator[tuple[int, Any] | None]:
     arrived: deque[Any] = deque()
     channel = _consume(connection, queue, start, prefetch, arrived.append)
     try:
         # Past the end, the read stops once it has *waited* settle_s in all (the rest of the end's chunk comes
         # at once): an idle time that each message reset would never end beside a steady writer, and a wall-clock
         # deadline would cut the chunk short behind a slow caller.
-        unacked, last_tag, waited = 0, 0, 0.0
+        unacked, last_tag, waited, idle = 0, 0, 0.0, 0.0
         while True:
             if not arrived:
                 waiting_for_end = end is not None and not reached
                 if end is not None and reached and waited >= settle_s:
                     return
-                timeout = stall_s if waiting_for_end else settle_s - waited if end is not None else settle_s
+                timeout = min(_PROBE_S, stall_s - idle) if waiting_for_end else (
+                    settle_s - waited if end is not None else settle_s)
                 began = time.monotonic()
                 try:
                     connection.drain_events(timeout=timeout)
+                    idle = 0.0
                     if end is not None and reached:
                         waited += time.monotonic() - began
                 except socket.timeout:
@@ -177,8 +184,14 @@ def _records(connection: Any, queue: str, start: int | str | datetime, end: int 
                         continue
                     if reached:
                         return
-                    raise StreamStalledError(f"stream {queue!r} sent nothing for {stall_s:g} s before its end "
-                                             f"(offset {end})") from None
+                    idle += time.monotonic() - began
+                    # Retention may have removed every record up to the end since the read found it (a stream
+                    # cut to a segment of the broker's own records): then there is nothing left to wait for.
+                    if last_chunk_offset(connection, queue, wait_s=tail_wait_s) is None:
+                        return
+                    if idle >= stall_s:
+                        raise StreamStalledError(f"stream {queue!r} sent nothing for {stall_s:g} s before its end "
+                                                 f"(offset {end})") from None
                 continue
             message = arrived.popleft()
             last_tag, unacked = message.delivery_tag, unacked + 1

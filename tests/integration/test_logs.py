@@ -8,12 +8,14 @@ import json
 import re
 import time
 
+import amqp
 import pytest
 from kombu import Connection
 
+from kombu_events.broker import streams
 from kombu_events.broker.streams import read
 
-from .harness import Project, management_queue, node_message, run_cli, wait_for
+from .harness import Project, management_queue, node_message, run_cli, unique, wait_for
 from .json_schemas import one_document
 from .test_asyncapi import check, node  # noqa: F401  (node: the fixture of the AsyncAPI parser)
 
@@ -109,7 +111,10 @@ def test_a_log_keeps_every_event_of_its_keys_in_publish_order_whoever_published_
 
 
 def test_retention_by_size_drops_the_oldest_segments(make_project):
-    """max_bytes of 2 MiB makes segments of 1 MiB: 4 MiB of events leave the newest, and the first offset moves."""
+    """max_bytes of 2 MiB makes segments of 1 MiB: 4 MiB of events leave the newest, and the first offset moves.
+
+    Each event is confirmed before the next is sent, so each is a chunk of its own and a segment ends near 1 MiB: a
+    burst (``publish_many``) may write one chunk past max_bytes, and retention then leaves none (docs/logs.md)."""
     project = make_project("""
         events = Events(app, service=SERVICE, exchange=EXCHANGE)
         events.log("bulk.#", max_bytes=2 * 2**20)
@@ -118,18 +123,70 @@ def test_retention_by_size_drops_the_oldest_segments(make_project):
     assert arguments(project, f"{project.service}.log.bulk")["x-stream-max-segment-size-bytes"] == 2**20
     result = project.run_python(f"""
         from {project.module} import events
-        events.publish_many([("bulk.%d" % n, {{"n": n, "pad": "x" * 65536}}) for n in range(64)])
+        for n in range(64):
+            events.publish("bulk.%d" % n, {{"n": n, "pad": "x" * 65536}})
     """)
     assert result.returncode == 0, result.stderr
     kept = stream(project, "bulk")
     numbers = [payload["n"] for _, _, payload, _ in kept]
-    assert numbers[0] > 0 and numbers == list(range(numbers[0], 64)), "the oldest are gone, the rest in order"
+    assert numbers and numbers[0] > 0, "the oldest are gone, the newest kept"
+    assert numbers == list(range(numbers[0], 64)), "the rest in order"
     assert len(kept) * 65536 <= 3 * 2**20, "at most max_bytes and the segment being written"
     # The broker numbers a record of its own at the start of a segment: offsets may run ahead of the events.
     assert all(offset >= n for offset, _, payload, _ in kept for n in [payload["n"]])
     [row] = one_document("log-status", cli(project, "log", "status", "--json").stdout)
     assert (row["first"]["offset"], row["last"]["offset"]) == (kept[0][0], kept[-1][0])
     assert row["messages"] == kept[-1][0] - kept[0][0] + 1 >= len(kept)
+
+
+@pytest.fixture
+def stream_queue(broker_url):
+    """A stream of a unique name on the broker, deleted afterwards."""
+    name = unique("readstream")
+    with Connection(broker_url) as conn:
+        conn.connect()
+        channel = conn.connection.channel()
+        channel.queue_declare(name, durable=True, auto_delete=False, arguments={"x-queue-type": "stream"})
+        yield conn.connection, channel, name
+        channel.queue_delete(name)
+
+
+def found_at_first(monkeypatch, offset: int) -> list[int | None]:
+    """The read's first look for the last chunk finds ``offset``; later looks ask the broker (returned: each)."""
+    looks: list[int | None] = []
+    real = streams.last_chunk_offset
+
+    def last_chunk_offset(*args, **kwargs):
+        looks.append(offset if not looks else real(*args, **kwargs))
+        return looks[-1]
+    monkeypatch.setattr(streams, "last_chunk_offset", last_chunk_offset)
+    return looks
+
+
+def test_a_read_whose_records_retention_removed_meanwhile_ends_instead_of_stalling(stream_queue, monkeypatch):
+    """Retention can empty a stream between the read finding its end and reaching it (a burst's chunk past
+    max_bytes): the stream here holds nothing, as if its records up to offset 7 had gone."""
+    connection, _, name = stream_queue
+    looks = found_at_first(monkeypatch, 7)
+    began = time.monotonic()
+    assert list(streams.read(connection, name, stall_s=30.0)) == []
+    assert looks == [7, None] and time.monotonic() - began < 15, "it asked again and ended, long before stall_s"
+
+
+def test_a_read_with_records_left_before_its_end_still_stalls(stream_queue, monkeypatch):
+    """The look again never ends a read early: with records in the stream, waiting for an end that never comes
+    raises after stall_s."""
+    connection, channel, name = stream_queue
+    channel.confirm_select()
+    for n in range(3):
+        channel.basic_publish(amqp.Message(json.dumps({"n": n})), exchange="", routing_key=name)
+    looks = found_at_first(monkeypatch, 10**9)
+    got: list[int] = []
+    with pytest.raises(streams.StreamStalledError, match=r"sent nothing for 3 s before its end \(offset 1000000000\)"):
+        for offset, _ in streams.read(connection, name, stall_s=3.0):
+            got.append(offset)
+    assert got == [0, 1, 2] and looks[0] == 10**9
+    assert looks[1:] and set(looks[1:]) <= {0, 1, 2}, "each look again found the last chunk (one or three)"
 
 
 def test_a_worker_declares_a_log_starts_and_never_consumes_it(make_project, node, tmp_path):  # noqa: F811
