@@ -67,6 +67,8 @@ def _print(service: str, rows: list[LogStatus]) -> None:
             click.echo(f"  {label}: {_where(position)}")
         for r in row.readers:
             where = "no position yet" if r.position is None else f"position {r.position}, lag {r.lag}"
+            if r.position is not None and row.first is not None and r.position < row.first.offset:
+                where += f" (the log now starts at offset {row.first.offset}: any event before it was removed unread)"
             holder = {True: "read by a worker", False: "no worker reading", None: "its queue is missing"}[r.reading]
             waiting = f", {r.rewinds_waiting} rewind(s) waiting" if r.rewinds_waiting else ""
             click.echo(f"  reader {r.name}: {where}; {holder}{waiting}")

@@ -175,9 +175,9 @@ class PrometheusMetrics(Middleware):
             readers = [r for r in topology.readers if r.log.name == log.name]
             if not readers:
                 continue
-            _first, last = position_of(conn, log.queue, wait_s=1.0)
+            first, last = position_of(conn, log.queue, wait_s=1.0)
             for reader in readers:
-                status = reader_status(conn, reader, last)
+                status = reader_status(conn, reader, last, first)
                 if status.position is not None and status.lag is not None:
                     self.readers[(service, reader.name)] = (status.position, status.lag)
 

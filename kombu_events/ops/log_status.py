@@ -93,25 +93,29 @@ def gather_logs(connection: Any, topology: Topology, management_url: str | None 
         api = queue_statistics(connection, log.queue, base_url) if use_api else None
         use_api = api is not None  # one that does not answer is not asked again for each log
         row = _status(connection, log, api, wait_s)
-        row.readers = [reader_status(connection, r, row.last) for r in topology.readers if r.log.name == log.name]
+        row.readers = [reader_status(connection, r, row.last, row.first)
+                       for r in topology.readers if r.log.name == log.name]
         found.append(row)
     return found
 
 
 def readers_of(connection: Any, topology: Topology, *, wait_s: float = 2.0) -> list[ReaderStatus]:
     """The status of every reader of ``topology`` (each log's last offset read once), in registration order."""
-    last_of = {log.name: position_of(connection, log.queue, wait_s=wait_s)[1]
+    ends_of = {log.name: position_of(connection, log.queue, wait_s=wait_s)
                for log in topology.logs if any(r.log.name == log.name for r in topology.readers)}
-    return [reader_status(connection, r, last_of[r.log.name]) for r in topology.readers]
+    return [reader_status(connection, r, ends_of[r.log.name][1], ends_of[r.log.name][0]) for r in topology.readers]
 
 
-def reader_status(connection: Any, reader: Reader, last: Position | None) -> ReaderStatus:
-    """``reader``'s position and lag behind ``last`` (the log's last event), read without changing anything."""
+def reader_status(connection: Any, reader: Reader, last: Position | None, first: Position | None) -> ReaderStatus:
+    """``reader``'s position and lag behind ``last`` (the log's last event), read without changing anything. The
+    lag counts from ``first`` (the log's first event) when the position is before it: retention removed those
+    events unread, and the reader goes on from the first one kept."""
     counts = peek_queue(connection, reader.queue)
     position = peek_position(connection, reader)
     lag = None
     if position is not None:
-        lag = max(0, last.offset + 1 - position.offset) if last is not None else 0
+        since = max(position.offset, first.offset) if first is not None else position.offset
+        lag = max(0, last.offset + 1 - since) if last is not None else 0
     return ReaderStatus(reader.name, reader.queue, None if position is None else position.offset,
                         None if position is None else position.generation, lag,
                         None if counts is None else counts.consumers > 0,

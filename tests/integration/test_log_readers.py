@@ -139,6 +139,53 @@ def test_a_rewind_re_runs_exactly_the_events_from_its_offset(make_project):
     assert done(project)[200:] == list(range(150, 200))
 
 
+BEHIND = """
+from kombu_events import Constant
+
+events = Events(app, service=SERVICE, exchange=EXCHANGE, delay_unit_ms=100, delay_levels=2)
+bulk = events.log("bulk.#", max_bytes=2 * 2**20)
+
+@events.reader(bulk, bind=True)
+def projector(event):
+    record(kind="done", i=event.payload["i"], offset=event.headers["x-stream-offset"])
+"""
+
+
+def test_a_reader_behind_retention_goes_on_from_the_first_event_kept(make_project):
+    """A reader stopped while retention removed the events after its position: the next worker goes on from the
+    log's first event, in order, to the last; ``log status`` counts its lag from there and says so."""
+    project = make_project(BEHIND)
+    project.declare()
+    publish = ("from {m} import events\nfor i in range({a}, {b}):\n"
+               "    events.publish('bulk.%d' % i, {{'i': i, 'pad': 'x' * {pad}}})")
+    assert project.run_python(publish.format(m=project.module, a=0, b=2, pad=10)).returncode == 0
+    worker = project.worker().wait_ready()
+    wait_for(lambda: len(done(project)) >= 2, timeout=30, what="the first 2 events read")
+    worker.stop()
+    assert reader_row(project)["position"] == 2
+    # 64 KiB each, confirmed one at a time (a chunk each): segments of 1 MiB, the oldest removed past 2 MiB
+    result = project.run_python(publish.format(m=project.module, a=2, b=66, pad=65536))
+    assert result.returncode == 0, result.stderr
+    [log] = json.loads(cli(project, "log", "status", "--json").stdout)
+    first = log["first"]["offset"]
+    assert first > 2, "retention removed the events after the reader's position"
+    assert log["readers"][0]["lag"] == log["last"]["offset"] + 1 - first, "the lag counts what is left to read"
+    text = cli(project, "log", "status").stdout
+    assert f"position 2, lag {log['readers'][0]['lag']} (the log now starts at offset {first}: any event " in text
+    project.worker().wait_ready()
+    wait_for(lambda: done(project)[-1:] == [65], timeout=60, what="the reader at the last event")
+    records = project.records(kind="done")
+    after = [r["i"] for r in records[2:]]
+    assert after == list(range(after[0], 66)) and after[0] > 2, "from the first kept, in order, each once"
+    assert records[2]["offset"] == first
+    wait_for(lambda: reader_row(project)["lag"] == 0, timeout=10, what="the lag at 0")
+
+
+def reader_row(project: Project) -> dict:
+    [log] = json.loads(cli(project, "log", "status", "--json").stdout)
+    return log["readers"][0]
+
+
 def stream_offsets(project: Project) -> list[int]:
     from kombu import Connection
 
