@@ -18,12 +18,17 @@ from typing import Any, Callable, Iterable
 
 import click
 
-from ..core.logs import escape_controls, safe_url
+from ..core.logs import escape_controls, safe_text, safe_url
 from ..core.topic import matches
 from ..errors import KombuEventsError
-from ..ops.archive import ArchivedMessage, purge, purge_note, read, replay, selected
+from ..ops.archive import ArchivedMessage, purge, purge_note, read, replay_reconnecting, selected
 from ..ops.archive_rewrite import rewrite
 from .common import Context, emit_json, examples, failed, guarded, json_option
+
+#: A replay whose connection goes once it has begun connects again this many times, waiting a little longer each
+#: time (this many seconds more, up to 5 s).
+REPLAY_RECONNECTS = 30
+REPLAY_RECONNECT_DELAY_S = 0.5
 
 
 @click.group()
@@ -142,16 +147,13 @@ def archive_replay(obj: Context, queue: str | None, routing_key: str | None, key
             chosen, read_through = selected(conn, obj.events.topology(), match, limit)
             _replay_dry_run(chosen, _pin(through, read_through), _not_found(keys, ids, chosen), as_json)
             return
-        replayed, kept = replay(conn, obj.events.topology(), match, limit)
+    replayed, kept = _replay_reconnecting(obj, match, limit, as_json)
     missing = _not_found(keys, ids, replayed + [m for m, _ in kept])
     if as_json:
         emit_json({"dry_run": False, "matched": len(replayed) + len(kept), "replayed": len(replayed),
                    "kept": len(kept), "messages": [_entry(m, "replayed") for m in replayed]
                    + [_entry(m, "kept", why) for m, why in kept] + _not_found_entries(missing),
                    "through": through, "command": None})
-    else:
-        for m in replayed:
-            click.echo(f"replayed {m.key} (id {escape_controls(m.id)}) to {m.queue}")
     for m, why in kept:
         click.echo(f"kept {m.key} (id {escape_controls(m.id)}) in the archive: {why}", err=True)
     if not as_json:
@@ -160,6 +162,22 @@ def archive_replay(obj: Context, queue: str | None, routing_key: str | None, key
     _report_not_found(missing, exit_now=not kept)
     if kept:
         failed()
+
+
+def _replay_reconnecting(obj: Context, match: Callable[[ArchivedMessage], bool], limit: int | None, as_json: bool,
+                         ) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
+    """``replay_reconnecting``, each window's copies printed once settled, each lost connection said on stderr."""
+    def settled(copies: list[ArchivedMessage]) -> None:
+        if not as_json:
+            for m in copies:
+                click.echo(f"replayed {m.key} (id {escape_controls(m.id)}) to {m.queue}")
+
+    def lost(count: int, exc: BaseException, done: int) -> None:
+        click.echo(safe_text(f"connection lost ({type(exc).__name__}: {exc}) with {done} replayed and settled; "
+                             f"connecting again ({count} of {REPLAY_RECONNECTS})"), err=True)
+
+    return replay_reconnecting(obj.connection, obj.events.topology(), match, limit, on_window=settled, on_lost=lost,
+                               reconnects=REPLAY_RECONNECTS, delay_s=REPLAY_RECONNECT_DELAY_S)
 
 
 def _replay_dry_run(chosen: list[ArchivedMessage], through: int | None, missing: list[tuple[str, str]],
@@ -174,6 +192,8 @@ def _replay_dry_run(chosen: list[ArchivedMessage], through: int | None, missing:
         for m in chosen:
             click.echo(f"would replay {m.key} (id {escape_controls(m.id)}) to {m.queue} "
                        f"(key {escape_controls(m.routing_key)})")
+        if not chosen:
+            click.echo("nothing to replay: no archived copy matches", err=True)
         _report_pinned("replay", len(chosen), through, command)
     _report_not_found(missing)
 

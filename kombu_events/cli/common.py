@@ -71,6 +71,10 @@ def _select(app_name: str | None, service: str | None) -> Events:
         app = find_app(app_name)
     except Exception as exc:
         raise KombuEventsError(f"cannot load app {app_name!r}: {type(exc).__name__}: {exc}") from exc
+    if isinstance(app, Events):  # -A module:events names the service itself
+        if service is not None and app.service != service:
+            raise KombuEventsError(f"{app_name!r} is the Events of service {app.service!r}, not {service!r}")
+        return app
     services = registry.services_of(app)
     if not services:
         raise KombuEventsError(f"app {app_name!r} registers no Events(app, service=...)")

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 __all__ = ["ArchivedMessage", "ReplayProgress", "LegacyArchiveError", "ArchiveMissingError", "PREVIEW_BYTES",
            "records", "parse_record", "view", "read", "selected", "ArchiveCounter", "archived_count", "browse",
-           "replay", "purge", "purge_all", "purge_note", "settle", "message_key", "ORIGINAL_ID", "KEY_PREFIX_UNSTAMPED"]
+           "replay", "replay_reconnecting", "RECONNECTABLE", "purge", "purge_all", "purge_note", "settle",
+           "message_key", "ORIGINAL_ID", "KEY_PREFIX_UNSTAMPED"]
 
 import logging
 from typing import Any, Callable
@@ -52,7 +53,7 @@ from .archive_read import (
     selected,
     view,
 )
-from .archive_replay import ORIGINAL_ID, ReplayProgress, replay
+from .archive_replay import ORIGINAL_ID, RECONNECTABLE, ReplayProgress, replay, replay_reconnecting
 
 logger = logging.getLogger(__name__)
 

@@ -148,6 +148,20 @@ def view(connection: Any, topology: Topology, *, body_limit: int | None = PREVIE
     return _folded(records(connection, topology, start=start, body_limit=body_limit, full=full))
 
 
+def view_through(connection: Any, topology: Topology, *, body_limit: int | None = PREVIEW_BYTES,
+                 start: int | str = "first", full: bool = True) -> tuple[Fold[ArchivedMessage], int | None]:
+    """:func:`view`, and the last offset its read reached (None: it read nothing)."""
+    reached: list[int] = []
+
+    def noting(found: Iterable[ArchivedMessage | Settlement]) -> Iterator[ArchivedMessage | Settlement]:
+        for record in found:
+            reached[:] = [record.offset]
+            yield record
+
+    fold = _folded(noting(records(connection, topology, start=start, body_limit=body_limit, full=full)))
+    return fold, reached[0] if reached else None
+
+
 def _folded(found: Iterable[ArchivedMessage | Settlement]) -> Fold[ArchivedMessage]:
     fold: Fold[ArchivedMessage] = Fold()
     for record in found:
@@ -180,18 +194,11 @@ def selected(connection: Any, topology: Topology, match: Callable[[ArchivedMessa
     A copy archived later has a greater offset, so ``match`` narrowed to ``offset <= through`` selects these
     copies and no other (fewer, when some are settled meanwhile) -- until a rewrite gives every copy a new
     offset. Changes nothing."""
-    reached: list[int] = []
-
-    def noting(found: Iterable[ArchivedMessage | Settlement]) -> Iterator[ArchivedMessage | Settlement]:
-        for record in found:
-            reached[:] = [record.offset]
-            yield record
-
-    fold = _folded(noting(records(connection, topology, body_limit=PREVIEW_BYTES, full=False)))
+    fold, reached = view_through(connection, topology, body_limit=PREVIEW_BYTES, full=False)
     chosen = pending_matching(fold, match, limit)
     if limit is not None and chosen and len(chosen) >= limit:
         return chosen, chosen[-1].offset
-    return chosen, reached[0] if reached else None
+    return chosen, reached
 
 
 def browse(connection: Any, topology: Topology, limit: int = 100_000) -> list[ArchivedMessage]:

@@ -6,23 +6,26 @@ confirmed are then settled by one ``replayed`` record, itself confirmed, before 
 """
 from __future__ import annotations
 
-__all__ = ["ReplayProgress", "ReplayCopy", "ORIGINAL_ID", "replay", "replay_copy"]
+__all__ = ["ReplayProgress", "ReplayCopy", "ORIGINAL_ID", "RECONNECTABLE", "replay", "replay_copy",
+           "replay_reconnecting"]
 
 import hashlib
 import logging
+import time
 import uuid
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from amqp import Message
+from amqp import Message, exceptions as amqp_errors
 
 from ..broker.confirms import Confirmer
 from ..broker.declare import close_quietly, peek_queue
 from ..core import archive_records as records_, wire
 from ..core.topology import Topology
-from ..errors import KombuEventsError
-from .archive_read import ArchivedMessage, pending_matching, view, whole_copies
+from ..errors import BrokerUnavailableError, KombuEventsError
+from .archive_read import ArchivedMessage, ArchiveMissingError, pending_matching, view, view_through, whole_copies
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,10 @@ ORIGINAL_ID = wire.PREFIX + "original-id"
 
 #: Copies a replay sends before it waits for their confirms and writes their settlement.
 _REPLAY_WINDOW = 200
+#: What a replay may go on from on a new connection, with its ReplayProgress: a lost connection, and an archive
+#: not found (a broker just started again takes a moment to bring its streams back).
+RECONNECTABLE = (amqp_errors.ConnectionError, amqp_errors.RecoverableConnectionError, OSError, BrokerUnavailableError,
+                 ArchiveMissingError)
 
 
 @dataclass
@@ -43,6 +50,11 @@ class ReplayProgress:
     commits: int = 0
     #: Archive keys settled so far (a replay run again after a lost connection skips them).
     settled: set[str] = field(default_factory=set)
+    #: The last archive offset the first run read: a run again selects nothing archived after it (None: not
+    #: read yet, or an empty archive).
+    through: int | None = None
+    #: Whether a run read the archive: the selection is pinned from then on.
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,10 +113,11 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
     A lost connection raises (py-amqp's or the socket's error): what was confirmed and not settled is sent
     again by the next replay, under the same message id (see the module). Nothing leaves the archive.
     """
-    chosen = pending_matching(view(connection, topology, body_limit=match_body, full=False, start=start), match,
-                              limit)
-    if progress is not None:
-        chosen = [m for m in chosen if m.key not in progress.settled]
+    if progress is None:
+        chosen = pending_matching(view(connection, topology, body_limit=match_body, full=False, start=start), match,
+                                  limit)
+    else:  # run again after a lost connection: what the first run selected, less what it settled
+        chosen = _pinned_selection(connection, topology, match, limit, progress, match_body, start)
     sendable, kept = _sendable(connection, topology, chosen, to_queue)
     replayed: list[ArchivedMessage] = []
     if not sendable:
@@ -119,6 +132,81 @@ def replay(connection: Any, topology: Topology, match: Callable[[ArchivedMessage
         sender.close()
     replayed.sort(key=lambda m: m.offset)
     return replayed, kept
+
+
+def replay_reconnecting(connect: Callable[[], AbstractContextManager[Any]], topology: Topology,
+                        match: Callable[[ArchivedMessage], bool], limit: int | None = None, *,
+                        on_window: Callable[[list[ArchivedMessage]], Any] | None = None,
+                        on_lost: Callable[[int, BaseException, int], Any] | None = None, reconnects: int = 30,
+                        delay_s: float = 0.5) -> tuple[list[ArchivedMessage], list[tuple[ArchivedMessage, str]]]:
+    """:func:`replay` on a connection from ``connect()``; one lost once the replay has begun is made again (up to
+    ``reconnects`` times, ``on_lost(count, error, settled so far)`` each time, waiting ``delay_s`` more each time,
+    at most 5 s), and the replay goes on with what it selected first, less what it settled: a copy confirmed and
+    not settled when the connection went is sent again, under its archive key. A failure to connect at first, or
+    an archive missing before the first read of it, raises at once. (replayed in stream order, [(kept, why)])."""
+    progress = ReplayProgress()
+    replayed: list[ArchivedMessage] = []
+
+    def settled(copies: list[ArchivedMessage]) -> None:
+        replayed.extend(copies)
+        if on_window is not None:
+            on_window(copies)
+
+    began, lost = False, 0
+    while True:
+        try:
+            with connect() as conn:
+                began = True
+                try:
+                    _, kept = replay(conn, topology, match, limit, progress=progress, on_window=settled)
+                except KombuEventsError as exc:  # the confirms never came: from a connection that went away?
+                    if isinstance(exc, RECONNECTABLE) or conn.connected:
+                        raise
+                    raise BrokerUnavailableError(f"the connection was lost during the replay: {exc}") from exc
+            return sorted(replayed, key=lambda m: m.offset), kept
+        except RECONNECTABLE as exc:
+            if not began or (isinstance(exc, ArchiveMissingError) and not progress.pinned):
+                raise
+            lost += 1
+            if lost > reconnects:
+                raise KombuEventsError(
+                    f"the connection to the broker was lost {lost} time{'s' if lost != 1 else ''} "
+                    f"({type(exc).__name__}: {exc}); {len(progress.settled)} replayed and settled. Run the replay "
+                    "again for the rest: a copy sent and not settled when the connection went is sent again under "
+                    "its archive key (a once=True handler runs it once)") from exc
+            if on_lost is not None:
+                on_lost(lost, exc, len(progress.settled))
+            time.sleep(min(delay_s * lost, 5.0))
+
+
+def _pinned_selection(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
+                      limit: int | None, progress: ReplayProgress, match_body: int, start: int | str,
+                      ) -> list[ArchivedMessage]:
+    """The copies a run of a replay with ``progress`` sends: those that ``match`` and were archived at most up to
+    the offset the first run read through, none settled by an earlier run, at most ``limit`` over every run."""
+    fold, reached = view_through(connection, topology, body_limit=match_body, full=False, start=start)
+    if progress.pinned:
+        through = progress.through
+        match = partial(_unsettled, progress.settled, partial(_at_most, through, match)) if through is not None \
+            else _none
+    left = None if limit is None else limit - len(progress.settled)
+    chosen = pending_matching(fold, match, left)
+    if not progress.pinned:  # as a dry run pins (archive_read.selected): a limit stops at its last copy
+        progress.pinned = True
+        progress.through = chosen[-1].offset if limit is not None and chosen and len(chosen) >= limit else reached
+    return chosen
+
+
+def _at_most(through: int, match: Callable[[ArchivedMessage], bool], message: ArchivedMessage) -> bool:
+    return message.offset <= through and match(message)
+
+
+def _unsettled(settled: set[str], match: Callable[[ArchivedMessage], bool], message: ArchivedMessage) -> bool:
+    return message.key not in settled and match(message)
+
+
+def _none(message: ArchivedMessage) -> bool:
+    return False
 
 
 def _sendable(connection: Any, topology: Topology, chosen: list[ArchivedMessage], to_queue: str | None,

@@ -25,7 +25,7 @@ HEAVY = {
     "test_cluster": "heavy-a", "test_everything_on": "heavy-a", "test_console_10k": "heavy-a",
     "test_inbox_crashes": "heavy-a", "test_green_pools": "heavy-a",
     "test_no_secret_shown": "heavy-b", "test_backlog": "heavy-b", "test_tls": "heavy-b", "test_periodic": "heavy-b",
-    "test_breaker": "heavy-b", "test_faults": "heavy-b", "test_log_proof": "heavy-b",
+    "test_breaker": "heavy-b", "test_faults": "heavy-b", "test_log_proof": "heavy-b", "test_replay_restart": "heavy-b",
 }
 HERE = Path(__file__).parent
 

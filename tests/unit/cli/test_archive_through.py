@@ -11,7 +11,7 @@ from contextlib import nullcontext
 import pytest
 
 from kombu_events.cli import archive as archive_cli, common
-from kombu_events.ops import archive_read
+from kombu_events.ops import archive_read, archive_replay
 from kombu_events.ops.archive import ArchivedMessage, purge_note
 
 from ..console.test_console_routes_kit import archived, events_of_svc
@@ -29,15 +29,17 @@ def archive_in_memory(monkeypatch):
     monkeypatch.setattr(common.Context, "connection", lambda self: nullcontext(object()))
     monkeypatch.setattr(archive_read, "records", lambda connection, topology, **kwargs: iter(HELD))
 
-    def replay(connection, topology, match, limit=None):
+    def replay(connection, topology, match, limit=None, *, progress=None, on_window=None):
         asked["replay"] = [m for m in HELD if match(m)][:limit]
+        if on_window is not None:  # as ops.archive.replay does, once a window is settled
+            on_window(asked["replay"])
         return asked["replay"], []
 
     def purge(connection, topology, match, limit=None):
         asked["purge"] = [m for m in HELD if match(m)][:limit]
         return asked["purge"]
 
-    monkeypatch.setattr(archive_cli, "replay", replay)
+    monkeypatch.setattr(archive_replay, "replay", replay)  # what the CLI's replay_reconnecting runs
     monkeypatch.setattr(archive_cli, "purge", purge)
     return asked
 
