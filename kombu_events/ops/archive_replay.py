@@ -143,7 +143,8 @@ def replay_reconnecting(connect: Callable[[], AbstractContextManager[Any]], topo
     ``reconnects`` times, ``on_lost(count, error, settled so far)`` each time, waiting ``delay_s`` more each time,
     at most 5 s), and the replay goes on with what it selected first, less what it settled: a copy confirmed and
     not settled when the connection went is sent again, under its archive key. A failure to connect at first, or
-    an archive missing before the first read of it, raises at once. (replayed in stream order, [(kept, why)])."""
+    an archive missing at the first try (not after a lost connection: a broker just started again brings its
+    streams back a moment later), raises at once. (replayed in stream order, [(kept, why)])."""
     progress = ReplayProgress()
     replayed: list[ArchivedMessage] = []
 
@@ -165,7 +166,7 @@ def replay_reconnecting(connect: Callable[[], AbstractContextManager[Any]], topo
                     raise BrokerUnavailableError(f"the connection was lost during the replay: {exc}") from exc
             return sorted(replayed, key=lambda m: m.offset), kept
         except RECONNECTABLE as exc:
-            if not began or (isinstance(exc, ArchiveMissingError) and not progress.pinned):
+            if not began or (isinstance(exc, ArchiveMissingError) and not progress.pinned and not lost):
                 raise
             lost += 1
             if lost > reconnects:
