@@ -132,19 +132,22 @@ def last_chunk_offset(connection: Any, queue: str, *, wait_s: float = 3.0) -> in
 
 
 def read(connection: Any, queue: str, *, start: int | str | datetime = "first", tail_wait_s: float = 3.0,
-         settle_s: float = 0.2, stall_s: float = 60.0, prefetch: int = PREFETCH) -> Iterator[tuple[int, Any]]:
+         settle_s: float = 0.2, stall_s: float = 60.0, prefetch: int = PREFETCH,
+         end_if_emptied: bool = True) -> Iterator[tuple[int, Any]]:
     """(offset, message) for each message of stream ``queue`` from ``start`` (an offset, or ``"first"``) to the
     end the read found when it began (see the module), in order, on a channel of its own closed when the
     iteration ends or is abandoned. When nothing comes for a while before that end, the read asks again for the
-    last chunk: none means retention has since removed everything up to the end, and the read ends there.
-    Nothing for ``stall_s`` before that end, with records still in the stream, raises StreamStalledError."""
+    last chunk, twice (``tail_wait_s``, then twice that): none means retention has since removed everything up to
+    the end, and the read ends there (``end_if_emptied=False``: it waits on, for a caller that must read every
+    record, such as a copy that deletes its source). Nothing for ``stall_s`` before that end, with records still
+    in the stream, raises StreamStalledError."""
     end = last_chunk_offset(connection, queue, wait_s=tail_wait_s)
     if end is None:
         return
     # A start past the end's first offset: only what is left of the last chunk after it (never before start).
     past_end = isinstance(start, int) and start > end
     for item in _records(connection, queue, start, end, settle_s, stall_s, prefetch, reached=past_end,
-                         tail_wait_s=tail_wait_s):
+                         tail_wait_s=tail_wait_s if end_if_emptied else None):
         if item is not None:
             yield item
 
@@ -157,7 +160,8 @@ def follow(connection: Any, queue: str, *, start: int | str | datetime = "first"
 
 
 def _records(connection: Any, queue: str, start: int | str | datetime, end: int | None, settle_s: float, stall_s: float,
-             prefetch: int, reached: bool = False, tail_wait_s: float = 3.0) -> Iterator[tuple[int, Any] | None]:
+             prefetch: int, reached: bool = False, tail_wait_s: float | None = None,
+             ) -> Iterator[tuple[int, Any] | None]:
     arrived: deque[Any] = deque()
     channel = _consume(connection, queue, start, prefetch, arrived.append)
     try:
@@ -186,8 +190,11 @@ def _records(connection: Any, queue: str, start: int | str | datetime, end: int 
                         return
                     idle += time.monotonic() - began
                     # Retention may have removed every record up to the end since the read found it (a stream
-                    # cut to a segment of the broker's own records): then there is nothing left to wait for.
-                    if last_chunk_offset(connection, queue, wait_s=tail_wait_s) is None:
+                    # cut to a segment of the broker's own records): then there is nothing left to wait for. Asked
+                    # twice, the second time longer: a busy broker is not taken for an empty stream.
+                    if tail_wait_s is not None and all(
+                            last_chunk_offset(connection, queue, wait_s=wait_s) is None
+                            for wait_s in (tail_wait_s, 2 * tail_wait_s)):
                         return
                     if idle >= stall_s:
                         raise StreamStalledError(f"stream {queue!r} sent nothing for {stall_s:g} s before its end "

@@ -131,7 +131,9 @@ def _copy_stream(connection: Any, source: str, writer: StreamWriter, seen: Seen,
     """Copy ``source`` from ``start`` to its end into the writer's stream (what ``keep`` keeps, as it returns
     it; what ``seen`` has is skipped); the last offset read."""
     last = start - 1 if isinstance(start, int) else -1
-    for offset, message in streams.read(connection, source, start=start):
+    # Every record, or an error: the source is deleted after the copy (a read that took retention for the end
+    # of the stream would lose what it did not copy).
+    for offset, message in streams.read(connection, source, start=start, end_if_emptied=False):
         last = offset
         headers = _headers(message)
         counts["read"] += 1
