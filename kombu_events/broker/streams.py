@@ -97,6 +97,13 @@ def _consume(connection: Any, queue: str, start: int | str | datetime, prefetch:
     return channel
 
 
+def _emptied(connection: Any, queue: str, wait_s: float) -> bool:
+    """Whether ``queue`` holds no record now: retention may remove every one up to the end a read found, since it
+    found it (a stream cut to a segment of the broker's own records). Asked twice, the second time twice as long:
+    a busy broker is not taken for an empty stream."""
+    return all(last_chunk_offset(connection, queue, wait_s=wait) is None for wait in (wait_s, 2 * wait_s))
+
+
 def _stop(channel: Any, sink: deque[Any]) -> None:
     """Cancel the consumer (what the broker sent until it confirmed is dropped from ``sink``), then close the
     channel: closing alone would leave every message on its way to be logged by py-amqp as it arrives."""
@@ -189,12 +196,7 @@ def _records(connection: Any, queue: str, start: int | str | datetime, end: int 
                     if reached:
                         return
                     idle += time.monotonic() - began
-                    # Retention may have removed every record up to the end since the read found it (a stream
-                    # cut to a segment of the broker's own records): then there is nothing left to wait for. Asked
-                    # twice, the second time longer: a busy broker is not taken for an empty stream.
-                    if tail_wait_s is not None and all(
-                            last_chunk_offset(connection, queue, wait_s=wait_s) is None
-                            for wait_s in (tail_wait_s, 2 * tail_wait_s)):
+                    if tail_wait_s is not None and _emptied(connection, queue, tail_wait_s):
                         return
                     if idle >= stall_s:
                         raise StreamStalledError(f"stream {queue!r} sent nothing for {stall_s:g} s before its end "
