@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.logs import escape_controls, safe_text
-from ..ops.archive import ArchivedMessage, ArchiveMissingError, ReplayProgress
+from ..ops.archive import RECONNECTABLE, ArchivedMessage, ReplayProgress
 from .audit import AuditLog, stamp
 from .follower import RECOVERABLE
 from .reading import Service
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 QUEUED, RUNNING, DONE, CANCELLED, FAILED = "queued", "running", "done", "cancelled", "failed"
 #: What a job connects again after: a lost connection, and an archive not found (a broker just started again
 #: takes a moment to bring its streams back: the job's copies were read from that archive moments before).
-RETRIED = (*RECOVERABLE, ArchiveMissingError)
+RETRIED = RECONNECTABLE
 #: Copies a replay window holds at most (ops.archive.replay's own window).
 MAX_WINDOW = 200
 

@@ -50,11 +50,9 @@ class ReplayProgress:
     commits: int = 0
     #: Archive keys settled so far (a replay run again after a lost connection skips them).
     settled: set[str] = field(default_factory=set)
-    #: The last archive offset the first run read: a run again selects nothing archived after it (None: not
-    #: read yet, or an empty archive).
+    #: The last archive offset the first run read (-1: the archive was empty; None: not read yet): a run again
+    #: selects nothing archived after it.
     through: int | None = None
-    #: Whether a run read the archive: the selection is pinned from then on.
-    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,7 +149,10 @@ def replay_reconnecting(connect: Callable[[], AbstractContextManager[Any]], topo
     def settled(copies: list[ArchivedMessage]) -> None:
         replayed.extend(copies)
         if on_window is not None:
-            on_window(copies)
+            try:
+                on_window(copies)
+            except Exception as exc:  # the caller's (say a closed stdout): never taken for a lost connection
+                raise _CallerFailed(exc) from exc
 
     began, lost = False, 0
     while True:
@@ -165,8 +166,10 @@ def replay_reconnecting(connect: Callable[[], AbstractContextManager[Any]], topo
                         raise
                     raise BrokerUnavailableError(f"the connection was lost during the replay: {exc}") from exc
             return sorted(replayed, key=lambda m: m.offset), kept
+        except _CallerFailed as failed:
+            raise failed.error from None
         except RECONNECTABLE as exc:
-            if not began or (isinstance(exc, ArchiveMissingError) and not progress.pinned and not lost):
+            if not began or (isinstance(exc, ArchiveMissingError) and progress.through is None and not lost):
                 raise
             lost += 1
             if lost > reconnects:
@@ -180,21 +183,27 @@ def replay_reconnecting(connect: Callable[[], AbstractContextManager[Any]], topo
             time.sleep(min(delay_s * lost, 5.0))
 
 
+class _CallerFailed(Exception):
+    """What ``on_window`` raised, carried out of the replay as itself (see :func:`replay_reconnecting`)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _pinned_selection(connection: Any, topology: Topology, match: Callable[[ArchivedMessage], bool],
                       limit: int | None, progress: ReplayProgress, match_body: int, start: int | str,
                       ) -> list[ArchivedMessage]:
     """The copies a run of a replay with ``progress`` sends: those that ``match`` and were archived at most up to
     the offset the first run read through, none settled by an earlier run, at most ``limit`` over every run."""
     fold, reached = view_through(connection, topology, body_limit=match_body, full=False, start=start)
-    if progress.pinned:
-        through = progress.through
-        match = partial(_unsettled, progress.settled, partial(_at_most, through, match)) if through is not None \
-            else _none
+    if progress.through is not None:
+        match = partial(_unsettled, progress.settled, partial(_at_most, progress.through, match))
     left = None if limit is None else limit - len(progress.settled)
     chosen = pending_matching(fold, match, left)
-    if not progress.pinned:  # as a dry run pins (archive_read.selected): a limit stops at its last copy
-        progress.pinned = True
-        progress.through = chosen[-1].offset if limit is not None and chosen and len(chosen) >= limit else reached
+    if progress.through is None:  # as a dry run pins (archive_read.selected): a limit stops at its last copy
+        full = limit is not None and chosen and len(chosen) >= limit
+        progress.through = chosen[-1].offset if full else reached if reached is not None else -1
     return chosen
 
 
@@ -204,10 +213,6 @@ def _at_most(through: int, match: Callable[[ArchivedMessage], bool], message: Ar
 
 def _unsettled(settled: set[str], match: Callable[[ArchivedMessage], bool], message: ArchivedMessage) -> bool:
     return message.key not in settled and match(message)
-
-
-def _none(message: ArchivedMessage) -> bool:
-    return False
 
 
 def _sendable(connection: Any, topology: Topology, chosen: list[ArchivedMessage], to_queue: str | None,
