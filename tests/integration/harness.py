@@ -242,9 +242,13 @@ def queue_depth(broker_url: str, queue: str) -> tuple[int, int]:
 def queue_counts(broker_url: str) -> Mapping[str, tuple[int, int, int]]:
     """{queue: (ready, unacknowledged, consumers)} for every queue: exact, but ~0.4 s (rabbitmqctl). A stream
     counts its pending archived copies as ready (read when asked for) and nothing unacknowledged."""
-    out = subprocess.run([*RABBITMQCTL, "-q", "list_queues", "-p", _vhost(broker_url), "--no-table-headers",
-                          "name", "type", "messages_ready", "messages_unacknowledged", "consumers"],
-                         capture_output=True, text=True, check=True).stdout
+    for _ in range(20):  # a queue another test is declaring or deleting right now may list empty counts
+        out = subprocess.run([*RABBITMQCTL, "-q", "list_queues", "-p", _vhost(broker_url), "--no-table-headers",
+                              "name", "type", "messages_ready", "messages_unacknowledged", "consumers"],
+                             capture_output=True, text=True, check=True).stdout
+        if all(field.strip() for line in out.splitlines() for field in line.rsplit("\t", 3)[1:]):
+            break
+        time.sleep(0.25)
     counts = {}
     stream_queues = set()
     for line in out.splitlines():
